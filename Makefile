@@ -1,0 +1,27 @@
+# Two commands on a fresh machine: `make demo` (the embedded default end to end) and `make test`.
+# Each installs what it needs into a local virtual environment first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Users bring their own (CUDA) torch; on a bare machine we take the pinned CPU build, because an
+# unpinned `torch` resolves to several GB of CUDA wheels.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: install demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/tracerl demo --out demo_out
+
+test: install
+	HF_HUB_OFFLINE=1 $(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) demo_out
