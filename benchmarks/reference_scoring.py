@@ -1,0 +1,123 @@
+"""Cost of reference scoring as a ratio to one forward pass over the whole trajectory.
+
+For 2, 8 and 32 cut points at 512 and 2048 tokens on a small random Qwen3 model, times
+``score_prefixes`` (packed: one prefill plus one packed forward; crop: cache extended cut by
+cut) and ``score_prefixes_naive`` (one forward per cut), each divided by the time of one plain
+forward over the full sequence. The ideal is about ``1 + cuts * (opener + answer) / L``.
+
+    python benchmarks/reference_scoring.py [--quick] [--out benchmarks/results/reference_scoring.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen3Config
+
+from tracerl.models.scoring import score_prefixes, score_prefixes_naive
+
+OPENER, ANSWER = 4, 3  # "Action : answer [" and a three-token entity, as in the react format
+
+
+def small_model(vocab: int, hidden: int, layers: int, device: str) -> Any:
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=hidden // 8, intermediate_size=3 * hidden,
+        max_position_embeddings=4096, tie_word_embeddings=True,
+    )
+    return AutoModelForCausalLM.from_config(config).to(device).eval()
+
+
+def timed(fn: Callable[[], Any], reps: int, device: str) -> float:
+    """Median wall time of ``fn`` over ``reps`` runs after one warm-up."""
+    fn()
+    times = []
+    for _ in range(reps):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def run_case(model: Any, length: int, cuts: int, reps: int, device: str) -> dict[str, float]:
+    gen = torch.Generator().manual_seed(length * 100 + cuts)
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (length,), generator=gen).to(device)
+    # Boundaries spread over the trajectory; the last one is its end (S_T).
+    points = sorted({int(length * (i + 1) / cuts) for i in range(cuts)})
+    answer = torch.randint(0, vocab, (ANSWER,), generator=gen).to(device)
+    opener = torch.randint(0, vocab, (OPENER,), generator=gen).to(device)
+    full = timed(lambda: model(input_ids=ids[None], use_cache=False), reps, device)
+    # The same forward projecting only the last position onto the vocabulary: the scorers
+    # need only a few logits, so this stricter baseline shows the cost of the extra tokens.
+    body = timed(lambda: model(input_ids=ids[None], use_cache=False, logits_to_keep=1), reps, device)
+    packed = timed(lambda: score_prefixes(model, ids, points, answer, opener_ids=opener, method="packed"), reps, device)
+    crop = timed(lambda: score_prefixes(model, ids, points, answer, opener_ids=opener, method="crop"), reps, device)
+    naive = timed(lambda: score_prefixes_naive(model, ids, points, answer, opener_ids=opener), max(1, reps // 2), device)
+    return {
+        "cuts": len(points),
+        "length": length,
+        "cached_ratio": round(packed / full, 3),
+        "crop_ratio": round(crop / full, 3),
+        "naive_ratio": round(naive / full, 3),
+        "cached_ratio_vs_last_logit_forward": round(packed / body, 3),
+        "floor": round(1 + len(points) * (OPENER + ANSWER) / length, 3),
+        "forward_s": round(full, 5),
+        "last_logit_forward_s": round(body, 5),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="Smaller model, 512 tokens only, fewer repeats.")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: leave as is).")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--out", default="benchmarks/results/reference_scoring.json")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    hidden, layers = (128, 2) if args.quick else (args.hidden, args.layers)
+    lengths = [512] if args.quick else [512, 2048]
+    reps = 3 if args.quick else 7
+    model = small_model(args.vocab, hidden, layers, args.device)
+    params = sum(p.numel() for p in model.parameters())
+    cases = []
+    for length in lengths:
+        for cuts in (2, 8, 32):
+            case = run_case(model, length, cuts, reps, args.device)
+            print(json.dumps(case))
+            cases.append(case)
+    result = {
+        "cases": cases,
+        "model": {"hidden": hidden, "layers": layers, "vocab": args.vocab, "parameters": params,
+                  "attn_implementation": model.config._attn_implementation},
+        "opener_tokens": OPENER,
+        "answer_tokens": ANSWER,
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+        "quick": args.quick,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""The ``tracerl`` command line: parses arguments and calls into the package; no logic here."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="tracerl",
+    help="RL for multi-turn tool-using LLM agents (TRACE allocation and TRACE credit).",
+    no_args_is_help=True,
+    add_completion=False,
+)
+world_app = typer.Typer(help="Build and inspect SynthWiki worlds.", no_args_is_help=True)
+app.add_typer(world_app, name="world")
+
+# --- environments (world build, env-check) -------------------------------------------------
+
+
+@world_app.command("build")
+def world_build(
+    seed: int = typer.Option(..., help="Fact seed: who is related to whom (a new seed is an unseen world)."),
+    out: str = typer.Option(..., help="Output folder for corpus.jsonl, train.jsonl and test.jsonl."),
+    name_seed: int = typer.Option(0, help="Name seed: the entity names, shared across fact seeds."),
+    num_train: int = typer.Option(2000, help="Training questions."),
+    num_test: int = typer.Option(500, help="Test questions."),
+    max_hops: int = typer.Option(4, help="Longest question chain (1..4)."),
+    distractors: int = typer.Option(1, help="Look-alike siblings per base name."),
+) -> None:
+    """Write a SynthWiki world; the same seeds give byte-identical files."""
+    from tracerl.envs.synthwiki import WorldConfig, build_world, write_world
+
+    config = WorldConfig(name_seed=name_seed, fact_seed=seed, num_train=num_train, num_test=num_test,
+                         max_hops=max_hops, distractors=distractors)
+    world = build_world(config)
+    paths = write_world(world, out)
+    typer.echo(f"{len(world.documents)} documents, {len(world.train)} train / {len(world.test)} test "
+               f"questions -> {paths['corpus'].parent}")
+
+
+@app.command("env-check")
+def env_check(
+    tasks: str = typer.Option(..., help="Tasks JSONL (id, question, answers, supporting_titles)."),
+    corpus: str = typer.Option(..., help="Corpus JSONL (id, title, text)."),
+    policy: str = typer.Option("oracle", help="oracle (search each supporting title, answer gold) or random."),
+    limit: int = typer.Option(None, help="Check only the first N tasks."),
+    seed: int = typer.Option(0, help="Seed of the random policy."),
+) -> None:
+    """Run a scripted policy through the real environment and print a JSON summary."""
+    import json
+
+    from tracerl.envs.check import run_env_check
+
+    try:
+        summary = run_env_check(tasks, corpus, policy=policy, limit=limit, seed=seed)
+    except (ValueError, OSError) as exc:
+        typer.echo(f"env-check failed: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    typer.echo(json.dumps(summary, indent=2))
+
+# --- models (pretrain, eval) ----------------------------------------------------------------
+
+
+@app.command("eval")
+def eval_model(
+    model: str = typer.Option(..., help="Model folder (or hub name) loadable by AutoModelForCausalLM."),
+    tasks: str = typer.Option(..., help="Tasks JSONL (id, question, answers)."),
+    corpus: str = typer.Option(..., help="Corpus JSONL (id, title, text) for the search tool."),
+    samples: int = typer.Option(1, help="Rollouts per task (k of pass@k)."),
+    limit: int = typer.Option(None, help="Evaluate only the first N tasks."),
+    out: str = typer.Option(None, help="Write one trajectory per line to this JSONL file."),
+    format: str = typer.Option("react", help="Agent format: react or chat."),  # noqa: A002
+    temperature: float = typer.Option(1.0, help="Sampling temperature (0: greedy)."),
+    max_turns: int = typer.Option(8, help="Assistant turns per episode."),
+    max_turn_tokens: int = typer.Option(128, help="Tokens per assistant turn."),
+    max_total_tokens: int = typer.Option(2048, help="Tokens per episode, prompt included."),
+    seed: int = typer.Option(0, help="Sampling seed."),
+    device: str = typer.Option("cpu", help="torch device for the model."),
+) -> None:
+    """Roll a model out on a task split; print EM, F1, pass@k, turns, tool calls, error-action rate."""
+    import json
+
+    from tracerl.rollout.engine import EngineConfig
+    from tracerl.rollout.evaluate import run_eval
+
+    try:
+        config = EngineConfig(max_turns=max_turns, max_turn_tokens=max_turn_tokens,
+                              max_total_tokens=max_total_tokens, temperature=temperature)
+        metrics = run_eval(model, tasks, corpus, samples=samples, limit=limit, out=out,
+                           format_name=format, config=config, seed=seed, device=device)
+    except (ValueError, OSError) as exc:
+        typer.echo(f"eval failed: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    typer.echo(json.dumps(metrics, indent=2))
+
+# --- training (train, config show, plot, demo) ----------------------------------------------
+
+config_app = typer.Typer(help="Inspect training configs.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+
+def _fail(what: str, exc: Exception) -> None:
+    typer.echo(f"{what} failed: {exc}", err=True)
+    raise typer.Exit(code=1)
+
+
+@app.command("train")
+def train(
+    preset: str = typer.Argument(None, help="grpo, dapo, gigpo, tree_grpo, trace_alloc, trace_credit or trace."),
+    out: str = typer.Option(None, "--out", help="Run folder (metrics.jsonl, checkpoints)."),
+    config: str = typer.Option(None, "--config", help="YAML file layered over the preset."),
+    set_: list[str] = typer.Option(None, "--set", help="Override, e.g. --set optim.lr=1e-5 (repeatable)."),
+    steps: int = typer.Option(None, help="Train until this many steps in total."),
+    smoke: bool = typer.Option(False, help="Random tiny model on a tiny world: a sanity run in seconds."),
+    resume: str = typer.Option(None, "--resume", help="Continue the run in this folder exactly."),
+) -> None:
+    """Train a policy with one of the method presets."""
+    from tracerl.train.run import resume_training, start_training
+
+    try:
+        if resume:
+            start = resume_training(resume, steps=steps)
+        else:
+            if not preset or not out:
+                raise ValueError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")
+            start = start_training(preset, out, config_file=config, overrides=set_ or [], steps=steps, smoke=smoke)
+    except (ValueError, OSError) as exc:
+        _fail("train", exc)
+    start()
+
+
+@config_app.command("show")
+def config_show(
+    preset: str = typer.Argument(..., help="A method preset."),
+    config: str = typer.Option(None, "--config", help="YAML file layered over the preset."),
+    set_: list[str] = typer.Option(None, "--set", help="Override, e.g. --set optim.lr=1e-5."),
+    smoke: bool = typer.Option(False, help="Show the --smoke variant."),
+) -> None:
+    """Print the fully resolved config of a preset as YAML."""
+    from tracerl.train.config import config_to_yaml, resolve_config
+
+    try:
+        typer.echo(config_to_yaml(resolve_config(preset, config_file=config, overrides=set_ or [], smoke=smoke)))
+    except (ValueError, OSError) as exc:
+        _fail("config show", exc)
+
+
+@app.command("plot")
+def plot(
+    runs: list[str] = typer.Argument(..., help="Run folders to compare."),
+    out: str = typer.Option("curves.png", "--out", help="PNG file to write."),
+) -> None:
+    """Learning curves: held-out accuracy vs generated tokens and vs rollouts; effective ratio."""
+    from pathlib import Path
+
+    from tracerl.train.plot import plot_runs
+
+    try:
+        typer.echo(str(plot_runs([Path(r) for r in runs], Path(out))))
+    except (ValueError, OSError) as exc:
+        _fail("plot", exc)
+
+
+@app.command("demo")
+def demo(
+    out: str = typer.Option("demo_out", "--out", help="Output folder (runs, plots, summary.json)."),
+    minutes: float = typer.Option(None, help="Wall-clock budget for the RL phase (default from the demo config)."),
+) -> None:
+    """The embedded default end to end: world, tiny base model, TRACE training, evaluation, plots."""
+    from tracerl.train.demo import run_demo
+
+    run_demo(out, train_minutes=minutes)
+
+
+if __name__ == "__main__":
+    app()

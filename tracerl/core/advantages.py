@@ -1,0 +1,422 @@
+"""Advantage estimators: one typed batch in, per-token advantages out, registered by name.
+
+Every estimator has the signature ``(batch: AdvantageBatch, options: AdvantageOptions) ->
+list[Tensor]`` and returns, per trajectory, a float32 tensor of shape ``[len(token_ids)]``
+that is nonzero only where ``trajectory.sampled`` is True (observation and prompt tokens are
+forced, never trained on) and all-zero for ``infra_failed`` trajectories, which are also left
+out of every group statistic (spec section 2 step 6).
+
+Estimators (spec sections 2-4):
+
+* ``grpo``: group-normalised outcome advantage broadcast to all sampled tokens.
+* ``rloo``: reward minus the mean of the other valid members of the group.
+* ``gigpo``: episode advantage plus ``omega`` x step advantage over identical anchor states.
+* ``tree_grpo``: group advantage plus the local contrast under the nearest branching anchor.
+* ``trace_credit``: ``w_out`` x tree-aware outcome advantage plus ``w_turn`` x TRACE turn credit.
+
+Group statistics are computed with ``index_add`` over integer group indices, in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from tracerl.core.credit import log_ratio_values, td_turn_credit
+from tracerl.core.types import RolloutTree, Trajectory
+
+STD_MODES = ("population", "unbiased", "none")
+
+
+@dataclass
+class AdvantageOptions:
+    """Knobs of all estimators; each estimator reads the fields it needs."""
+
+    std: str = "population"
+    """Group std for normalisation: ``population`` (divide by G, spec default), ``unbiased``
+    (divide by G-1; a single valid member gets 0) or ``none`` (``r - mean`` only)."""
+    eps: float = 1e-6
+    """A group whose std is below ``eps`` gets advantage 0 (spec section 2 step 6)."""
+    omega: float = 1.0
+    """GiGPO: weight of the step advantage."""
+    step_gamma: float = 0.95
+    """GiGPO: discount of step returns, ``R_t = step_gamma^(n_turns-1-t) * reward``."""
+    horizon: int = 3
+    """TRACE credit window ``K`` (0 disables the dense part)."""
+    gamma_td: float = 0.8
+    """TRACE credit window discount ``g``."""
+    terminal_scale: float = 2.0
+    """TRACE terminal fill scale ``kappa``."""
+    credit_eps: float = 0.1
+    """TRACE remaining-gap ``eps`` in ``d_k = -l_k + eps``."""
+    w_out: float = 1.0
+    """TRACE weight of the outcome advantage."""
+    w_turn: float = 0.2
+    """TRACE weight of the turn credit."""
+
+    def __post_init__(self) -> None:
+        if self.std not in STD_MODES:
+            raise ValueError(f"std must be one of {', '.join(STD_MODES)}; got {self.std!r}")
+        if isinstance(self.horizon, bool) or not isinstance(self.horizon, int) or self.horizon < 0:
+            raise ValueError(f"horizon must be an integer >= 0, got {self.horizon!r}")
+        for name in ("eps", "credit_eps"):
+            value = getattr(self, name)
+            if not _is_number(value) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        for name in ("step_gamma", "gamma_td"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
+        for name in ("omega", "terminal_scale", "w_out", "w_turn"):
+            value = getattr(self, name)
+            if not _is_number(value) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+@dataclass
+class AdvantageBatch:
+    """The trajectories of one training step and the rollout trees they are leaves of.
+
+    ``trees`` maps ``tree_id`` to its tree; a trajectory whose tree is absent is a chain.
+    """
+
+    trajectories: list[Trajectory]
+    trees: dict[str, RolloutTree] = field(default_factory=dict)
+
+
+Estimator = Callable[[AdvantageBatch, AdvantageOptions], list[Tensor]]
+_ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
+    """Decorator registering an estimator under ``name`` (duplicate names are an error)."""
+
+    def wrap(fn: Estimator) -> Estimator:
+        if name in _ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        _ESTIMATORS[name] = fn
+        return fn
+
+    return wrap
+
+
+def get_estimator(name: str) -> Estimator:
+    """The estimator registered as ``name``; an unknown name lists the valid ones."""
+    try:
+        return _ESTIMATORS[name]
+    except KeyError:
+        valid = ", ".join(available_estimators())
+        raise ValueError(f"unknown advantage estimator {name!r}; valid: {valid}") from None
+
+
+def available_estimators() -> list[str]:
+    return sorted(_ESTIMATORS)
+
+
+# ----------------------------------------------------------------------------- group math
+
+
+def _group_index(keys: Sequence[Hashable]) -> tuple[Tensor, int]:
+    """Map hashable group keys to dense indices 0..G-1 in order of first appearance."""
+    index: dict[Hashable, int] = {}
+    ids = [index.setdefault(k, len(index)) for k in keys]
+    return torch.tensor(ids, dtype=torch.long), len(index)
+
+
+def _check_rewards(rewards: Tensor, n_ids: int, valid: Tensor | None) -> tuple[Tensor, Tensor]:
+    if not isinstance(rewards, Tensor) or rewards.dim() != 1:
+        raise ValueError("rewards must be a 1-D torch.Tensor")
+    if rewards.numel() != n_ids:
+        raise ValueError(f"rewards has {rewards.numel()} entries but group_ids has {n_ids}")
+    if valid is None:
+        valid = torch.ones(rewards.numel(), dtype=torch.bool)
+    elif not isinstance(valid, Tensor) or valid.dtype != torch.bool or valid.shape != rewards.shape:
+        raise ValueError(f"valid must be a bool tensor of shape {tuple(rewards.shape)}")
+    r = rewards.detach().to(torch.float64)
+    bad = valid & ~torch.isfinite(r)
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).flatten().tolist()
+        raise ValueError(f"non-finite rewards at valid rows {rows}")
+    return torch.where(valid, r, torch.zeros((), dtype=torch.float64)), valid
+
+
+def group_outcome_advantage(
+    rewards: Tensor,
+    group_ids: Sequence[Hashable],
+    *,
+    std: str = "population",
+    eps: float = 1e-6,
+    valid: Tensor | None = None,
+) -> Tensor:
+    """GRPO advantage ``(r - mean_g) / std_g`` within each group (spec section 2 step 6).
+
+    Args:
+        rewards: ``[B]`` terminal rewards.
+        group_ids: ``B`` hashable group keys (a tensor is read with ``.tolist()``).
+        std: ``population`` (divide by G), ``unbiased`` (G-1) or ``none`` (``r - mean``).
+        eps: groups with std below ``eps`` get 0 (no signal, not a blown-up ratio).
+        valid: ``[B]`` bool; invalid rows (infra failures) are left out and get 0.
+
+    Returns:
+        ``[B]`` advantages in the rewards' floating dtype (float32 for integer rewards).
+    """
+    if std not in STD_MODES:
+        raise ValueError(f"std must be one of {', '.join(STD_MODES)}; got {std!r}")
+    if not _is_number(eps) or not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    keys = group_ids.tolist() if isinstance(group_ids, Tensor) else list(group_ids)
+    r, valid = _check_rewards(rewards, len(keys), valid)
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    if r.numel() == 0:
+        return torch.zeros(0, dtype=out_dtype)
+    idx, n_groups = _group_index(keys)
+    w = valid.to(torch.float64)
+    count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, idx, w)
+    total = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, idx, r)
+    mean = total / count.clamp(min=1.0)
+    centered = (r - mean[idx]) * w
+    if std == "none":
+        adv = centered
+    else:
+        sq = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, idx, centered**2)
+        dof = count if std == "population" else count - 1.0
+        sd = torch.sqrt(sq / dof.clamp(min=1.0))
+        usable = (dof > 0) & (sd >= eps)
+        scale = torch.where(usable, sd, torch.ones_like(sd))
+        adv = torch.where(usable[idx], centered / scale[idx], torch.zeros_like(centered))
+    return torch.where(valid, adv, torch.zeros_like(adv)).to(out_dtype)
+
+
+def leave_one_out_advantage(
+    rewards: Tensor, group_ids: Sequence[Hashable], valid: Tensor | None = None
+) -> Tensor:
+    """RLOO: ``r_i`` minus the mean of the other valid members; 0 for singletons / invalid."""
+    keys = group_ids.tolist() if isinstance(group_ids, Tensor) else list(group_ids)
+    r, valid = _check_rewards(rewards, len(keys), valid)
+    if r.numel() == 0:
+        return torch.zeros(0, dtype=torch.float64)
+    idx, n_groups = _group_index(keys)
+    count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, idx, valid.to(torch.float64))
+    total = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, idx, r)
+    others = count[idx] - 1.0
+    use = valid & (others > 0)
+    loo_mean = (total[idx] - r) / others.clamp(min=1.0)
+    return torch.where(use, r - loo_mean, torch.zeros_like(r))
+
+
+# ----------------------------------------------------------------------------- batch helpers
+
+
+def _rewards_valid(batch: AdvantageBatch) -> tuple[Tensor, Tensor, list[str]]:
+    trajs = batch.trajectories
+    rewards = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float64)
+    valid = torch.tensor([not t.infra_failed for t in trajs], dtype=torch.bool)
+    return rewards, valid, [t.group_id for t in trajs]
+
+
+def _outcome(
+    rewards: Tensor, groups: Sequence[Hashable], valid: Tensor, options: AdvantageOptions
+) -> Tensor:
+    return group_outcome_advantage(rewards, groups, std=options.std, eps=options.eps, valid=valid)
+
+
+def _spread(traj: Trajectory, turn_values: Tensor) -> Tensor:
+    """Per-turn values -> ``[len(token_ids)]`` float32: each turn's assistant span gets its
+    value; prompt and observation tokens get 0, exactly aligned with ``traj.sampled``."""
+    length = len(traj.prompt_ids) + sum(
+        len(turn.assistant_ids) + len(turn.observation_ids) for turn in traj.turns
+    )
+    out = torch.zeros(length, dtype=torch.float32)
+    if traj.infra_failed:
+        return out
+    # Slice fills, not repeat_interleave: the latter goes multi-threaded on tiny inputs
+    # and stalls for milliseconds on a busy CPU.
+    for (start, end), value in zip(traj.turn_spans, turn_values.tolist()):
+        out[start:end] = value
+    return out
+
+
+def _broadcast(batch: AdvantageBatch, per_traj: Tensor) -> list[Tensor]:
+    return [_spread(t, per_traj[i].expand(len(t.turns))) for i, t in enumerate(batch.trajectories)]
+
+
+def _tree_path(
+    batch: AdvantageBatch, traj: Trajectory, anchor_cache: dict[str, set[int]]
+) -> tuple[list[int], set[int]] | None:
+    """The trajectory's checked node path and its tree's branch anchors, or None for chains."""
+    tree = batch.trees.get(traj.tree_id) if traj.tree_id else None
+    if tree is None:
+        return None
+    path = list(traj.node_path)
+    if len(path) != len(traj.turns) + 1:
+        raise ValueError(
+            f"trajectory {traj.task_id!r} in tree {traj.tree_id!r}: node_path has {len(path)} "
+            f"entries for {len(traj.turns)} turns (need turns + 1)"
+        )
+    leaf = path[-1]
+    if not 0 <= leaf < len(tree.nodes) or not tree.nodes[leaf].is_leaf or tree.path(leaf) != path:
+        raise ValueError(
+            f"trajectory {traj.task_id!r}: node_path {path} is not a root-to-leaf path of "
+            f"tree {traj.tree_id!r}"
+        )
+    if traj.tree_id not in anchor_cache:
+        anchor_cache[traj.tree_id] = set(tree.branch_anchors())
+    return path, anchor_cache[traj.tree_id]
+
+
+# ----------------------------------------------------------------------------- estimators
+
+
+@register_estimator("grpo")
+def grpo(batch: AdvantageBatch, options: AdvantageOptions) -> list[Tensor]:
+    """Group outcome advantage on every sampled token (spec section 4 ``grpo``)."""
+    rewards, valid, groups = _rewards_valid(batch)
+    return _broadcast(batch, _outcome(rewards, groups, valid, options))
+
+
+@register_estimator("rloo")
+def rloo(batch: AdvantageBatch, options: AdvantageOptions) -> list[Tensor]:
+    """Leave-one-out baseline, unnormalised (``options.std`` is not used)."""
+    rewards, valid, groups = _rewards_valid(batch)
+    return _broadcast(batch, leave_one_out_advantage(rewards, groups, valid))
+
+
+@register_estimator("gigpo")
+def gigpo(batch: AdvantageBatch, options: AdvantageOptions) -> list[Tensor]:
+    """GiGPO: episode advantage + ``omega`` x step advantage (spec section 4 ``gigpo``).
+
+    The state before turn t is identified by the group and the observation ids of turns
+    ``< t`` (the prompt is shared within a group). Step returns are terminal-only,
+    ``R_t = step_gamma^(n_turns-1-t) * reward``, normalised among all steps of the batch
+    with an identical state (same ``std`` option); singleton states get 0.
+    """
+    rewards, valid, groups = _rewards_valid(batch)
+    episode = _outcome(rewards, groups, valid, options)
+    states: dict[tuple[object, ...], int] = {}
+    step_keys: list[int] = []
+    step_returns: list[float] = []
+    step_valid: list[bool] = []
+    for i, traj in enumerate(batch.trajectories):
+        state = states.setdefault(("root", traj.group_id), len(states))
+        n = len(traj.turns)
+        for t, turn in enumerate(traj.turns):
+            step_keys.append(state)
+            step_returns.append(options.step_gamma ** (n - 1 - t) * float(traj.reward))
+            step_valid.append(bool(valid[i]))
+            state = states.setdefault((state, tuple(turn.observation_ids)), len(states))
+    step_adv = group_outcome_advantage(
+        torch.tensor(step_returns, dtype=torch.float64),
+        step_keys,
+        std=options.std,
+        eps=options.eps,
+        valid=torch.tensor(step_valid, dtype=torch.bool),
+    )
+    out, start = [], 0
+    for i, traj in enumerate(batch.trajectories):
+        n = len(traj.turns)
+        out.append(_spread(traj, episode[i] + options.omega * step_adv[start : start + n]))
+        start += n
+    return out
+
+
+def tree_outcome_turn_advantages(
+    batch: AdvantageBatch, options: AdvantageOptions
+) -> tuple[list[Tensor], Tensor]:
+    """Tree-aware outcome advantage per turn (spec section 3) and the group advantage.
+
+    Turn j of a leaf (node ``node_path[j+1]``) gets the leaf's group GRPO advantage plus
+    its GRPO advantage among the valid batch leaves under the deepest branching anchor in
+    ``node_path[1..j]`` (non-root nodes with more than one child); no anchor, no extra term.
+
+    Returns:
+        (per-trajectory ``[n_turns]`` float64 tensors, ``[B]`` float64 group advantage)
+    """
+    rewards, valid, groups = _rewards_valid(batch)
+    group_adv = _outcome(rewards, groups, valid, options)
+    row_keys: list[tuple[str, int]] = []
+    row_traj: list[int] = []
+    turn_rows: list[list[int]] = []  # per trajectory, per turn: row of the deepest anchor or -1
+    anchor_cache: dict[str, set[int]] = {}
+    for i, traj in enumerate(batch.trajectories):
+        found = _tree_path(batch, traj, anchor_cache)
+        rows = [-1] * len(traj.turns)
+        if found is not None:
+            path, anchors = found
+            current = -1
+            for j in range(len(traj.turns)):
+                if j >= 1 and path[j] in anchors:
+                    current = len(row_keys)
+                    row_keys.append((traj.tree_id, path[j]))
+                    row_traj.append(i)
+                rows[j] = current
+        turn_rows.append(rows)
+    picks = torch.tensor(row_traj, dtype=torch.long)
+    local = group_outcome_advantage(
+        rewards[picks], row_keys, std=options.std, eps=options.eps, valid=valid[picks]
+    )
+    local = torch.cat([local, local.new_zeros(1)])  # row -1 reads this trailing zero
+    per_turn = [
+        group_adv[i] + local[torch.tensor(rows, dtype=torch.long)]
+        for i, rows in enumerate(turn_rows)
+    ]
+    return per_turn, group_adv
+
+
+@register_estimator("tree_grpo")
+def tree_grpo(batch: AdvantageBatch, options: AdvantageOptions) -> list[Tensor]:
+    """Tree-GRPO style advantage (spec section 3); equals ``grpo`` on chains."""
+    per_turn, _ = tree_outcome_turn_advantages(batch, options)
+    return [_spread(t, v) for t, v in zip(batch.trajectories, per_turn)]
+
+
+def trajectory_turn_credit(
+    traj: Trajectory, outcome_advantage: float, options: AdvantageOptions
+) -> Tensor:
+    """TRACE credit ``c_k`` of each transition of one trajectory (spec section 2 steps 2-5)."""
+    needed = traj.num_transitions + 1
+    if traj.readiness is None or len(traj.readiness) != needed:
+        got = "none" if traj.readiness is None else f"{len(traj.readiness)} scores"
+        raise ValueError(
+            f"trajectory {traj.task_id!r} (group {traj.group_id!r}) needs readiness for "
+            f"{needed} prefixes S_0..S_T, got {got}"
+        )
+    try:
+        scores = torch.tensor(traj.readiness, dtype=torch.float64)
+        values = log_ratio_values(scores, options.credit_eps)
+        return td_turn_credit(
+            values,
+            outcome_advantage,
+            horizon=options.horizon,
+            gamma=options.gamma_td,
+            terminal_scale=options.terminal_scale,
+        )
+    except ValueError as err:
+        raise ValueError(f"trajectory {traj.task_id!r} (group {traj.group_id!r}): {err}") from err
+
+
+@register_estimator("trace_credit")
+def trace_credit(batch: AdvantageBatch, options: AdvantageOptions) -> list[Tensor]:
+    """``w_out`` x tree-aware outcome advantage + ``w_turn`` x ``c_k`` on transition k's
+    assistant span (spec section 2 step 7, section 3 "with credit on"). ``A_out`` in the
+    terminal fill is the leaf's group GRPO advantage; the answer turn gets no turn term.
+    Infra-failed trajectories need no readiness (they get zeros)."""
+    per_turn, group_adv = tree_outcome_turn_advantages(batch, options)
+    out = []
+    for i, traj in enumerate(batch.trajectories):
+        values = options.w_out * per_turn[i]
+        if not traj.infra_failed:
+            credit = trajectory_turn_credit(traj, float(group_adv[i]), options)
+            transition = torch.tensor([t.is_transition for t in traj.turns], dtype=torch.bool)
+            turn_term = torch.zeros(len(traj.turns), dtype=torch.float64)
+            turn_term[transition] = credit.to(torch.float64)
+            values = values + options.w_turn * turn_term
+        out.append(_spread(traj, values))
+    return out

@@ -1,0 +1,166 @@
+"""TRACE turn credit from a frozen reference (spec section 2, steps 2-5).
+
+The reference scores the gold answer ``y*`` after every prefix ``S_0..S_T``; the per-token
+mean log-probability ``l_k`` is the prefix's *readiness*. Two pure functions turn these
+scores into one credit per transition:
+
+* :func:`log_ratio_values`: ``d_k = -l_k + eps`` (the remaining gap), ``V_k = log(d_0 / d_k)``
+  (the log-ratio value form, the best one in the credit paper's ablation), so ``V_0 = 0``.
+* :func:`td_turn_credit`: one-step TD rewards ``delta_k = V_{k+1} - V_k``, a normalised
+  discounted K-step window truncated at the end of the trajectory, plus a terminal fill of
+  ``kappa * g^(T-k) * A_out`` on the transitions whose window reaches the last transition.
+
+Bad scores are errors, never clamps: a positive log-probability or a NaN means the scorer is
+broken, and clamping would hide that inside a plausible-looking credit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+# Readiness scores are mean log-probabilities, so they are <= 0 up to float rounding.
+POSITIVE_SCORE_TOLERANCE = 1e-6
+
+
+def _check_vector(name: str, x: Tensor) -> Tensor:
+    """Validate a non-empty, finite, 1-D tensor and return it as float64 for exact-ish math."""
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(x.shape)}")
+    if x.numel() == 0:
+        raise ValueError(f"{name} is empty: at least the prompt prefix S_0 is needed")
+    x64 = x.detach().to(torch.float64)
+    if not bool(torch.isfinite(x64).all()):
+        bad = torch.nonzero(~torch.isfinite(x64)).flatten().tolist()
+        raise ValueError(f"{name} holds non-finite entries at positions {bad}")
+    return x64
+
+
+def _out_dtype(x: Tensor) -> torch.dtype:
+    return x.dtype if x.is_floating_point() else torch.get_default_dtype()
+
+
+def log_ratio_values(prefix_logprobs: Tensor, eps: float = 0.1) -> Tensor:
+    """State values ``V_k = log(d_0 / d_k)`` with ``d_k = -l_k + eps`` (spec section 2 step 2).
+
+    Args:
+        prefix_logprobs: ``[T+1]`` readiness scores ``l_0..l_T`` (mean log-prob of ``y*``).
+        eps: part of the remaining-gap definition (default 0.1), not a stabiliser.
+
+    Returns:
+        ``[T+1]`` values with ``V_0 = 0``, in the input's floating dtype.
+
+    Raises:
+        ValueError: empty or non-1-D input, non-finite scores, a score above ``1e-6``,
+            ``eps <= 0`` or a non-positive gap ``d_k``.
+    """
+    if not math.isfinite(_as_float("eps", eps)) or eps <= 0:
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    eps = float(eps)
+    scores = _check_vector("prefix_logprobs", prefix_logprobs)
+    positive = scores > POSITIVE_SCORE_TOLERANCE
+    if bool(positive.any()):
+        where = torch.nonzero(positive).flatten().tolist()
+        raise ValueError(
+            f"prefix_logprobs must be <= {POSITIVE_SCORE_TOLERANCE} (log-probabilities); "
+            f"positions {where} hold {scores[positive].tolist()}"
+        )
+    gaps = -scores + eps
+    if bool((gaps <= 0).any()):
+        where = torch.nonzero(gaps <= 0).flatten().tolist()
+        raise ValueError(f"remaining gap d_k = -l_k + eps is <= 0 at positions {where} (eps={eps})")
+    values = torch.log(gaps[0]) - torch.log(gaps)
+    return values.to(_out_dtype(prefix_logprobs))
+
+
+def _as_float(name: str, x: object) -> float:
+    """Accept Python/numpy numbers and one-element tensors; reject everything else."""
+    if isinstance(x, Tensor) and x.numel() == 1:
+        x = x.item()
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ValueError(f"{name} must be a number, got {type(x).__name__}")
+    return float(x)
+
+
+def _check_credit_args(
+    horizon: int, gamma: float, terminal_scale: float, outcome: float
+) -> tuple[float, float, float]:
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
+        raise ValueError(f"horizon must be an integer >= 0, got {horizon!r}")
+    g = _as_float("gamma", gamma)
+    if not 0.0 <= g <= 1.0:
+        raise ValueError(f"gamma must lie in [0, 1], got {gamma!r}")
+    kappa = _as_float("terminal_scale", terminal_scale)
+    if not math.isfinite(kappa):
+        raise ValueError(f"terminal_scale must be finite, got {terminal_scale!r}")
+    a_out = _as_float("outcome_advantage", outcome)
+    if not math.isfinite(a_out):
+        raise ValueError(f"outcome_advantage must be finite, got {outcome!r}")
+    return g, kappa, a_out
+
+
+def window_lengths(num_transitions: int, horizon: int) -> Tensor:
+    """``h_k = min(K-1, T-1-k)`` for k = 0..T-1; ``K = 0`` gives ``h_k = 0`` (spec step 4)."""
+    k = torch.arange(num_transitions)
+    if horizon == 0:
+        return torch.zeros(num_transitions, dtype=torch.long)
+    return torch.clamp(num_transitions - 1 - k, max=horizon - 1)
+
+
+def td_turn_credit(
+    values: Tensor,
+    outcome_advantage: float,
+    *,
+    horizon: int = 3,
+    gamma: float = 0.8,
+    terminal_scale: float = 2.0,
+) -> Tensor:
+    """Per-transition credit ``c_k`` (spec section 2 steps 3-5).
+
+    ``c_k = sum_{j<=h} g^j delta_{k+j} / sum_{j<=h} g^j`` with ``h = min(K-1, T-1-k)`` and
+    ``delta_k = V_{k+1} - V_k``; where the window reaches the last transition
+    (``k + h == T-1``) the terminal fill ``kappa * g^(T-k) * A_out`` is added.
+
+    ``K = horizon = 0`` disables the dense part (``c_k = 0``) and, read literally, sets
+    ``h = 0``, so the terminal fill then lands on the last transition ``k = T-1`` only.
+
+    Args:
+        values: ``[T+1]`` state values ``V_0..V_T`` (see :func:`log_ratio_values`).
+        outcome_advantage: the leaf's GRPO outcome advantage ``A_out``.
+        horizon: window length ``K`` (default 3).
+        gamma: window discount ``g`` in [0, 1] (default 0.8); ``0^0 = 1``.
+        terminal_scale: ``kappa`` (default 2.0).
+
+    Returns:
+        ``[T]`` credits in the input's floating dtype (empty when ``T = 0``).
+    """
+    gamma, terminal_scale, outcome_advantage = _check_credit_args(
+        horizon, gamma, terminal_scale, outcome_advantage
+    )
+    v = _check_vector("values", values)
+    num = v.numel() - 1
+    if num == 0:
+        return torch.zeros(0, dtype=_out_dtype(values))
+    deltas = v[1:] - v[:-1]
+    h = window_lengths(num, horizon)
+    if horizon == 0:
+        credit = torch.zeros(num, dtype=torch.float64)
+    else:
+        # Window j of transition k reads delta_{k+j}; pad so every window has K slots.
+        padded = torch.cat([deltas, deltas.new_zeros(horizon - 1)])
+        windows = padded.unfold(0, horizon, 1)  # [T, K]
+        j = torch.arange(horizon)
+        weights = torch.tensor(gamma, dtype=torch.float64) ** j  # g^0 = 1 even for g = 0
+        used = j.unsqueeze(0) <= h.unsqueeze(1)  # [T, K]
+        w = torch.where(used, weights.unsqueeze(0), torch.zeros((), dtype=torch.float64))
+        credit = (w * windows).sum(dim=1) / w.sum(dim=1)
+    k = torch.arange(num)
+    reaches_end = (k + h) == num - 1
+    g = torch.tensor(gamma, dtype=torch.float64)
+    fill = terminal_scale * g ** (num - k) * outcome_advantage
+    credit = credit + torch.where(reaches_end, fill, torch.zeros((), dtype=torch.float64))
+    return credit.to(_out_dtype(values))

@@ -1,0 +1,196 @@
+"""Per-token policy losses and their aggregation (spec section 2 step 8).
+
+The per-token terms (:func:`clipped_surrogate_loss`, :func:`k3_kl`) are kept apart from the
+aggregation, and the aggregation's normaliser is computed *once per optimiser step* over all
+micro-batches (:func:`loss_normaliser`). Each micro-batch then contributes
+:func:`aggregate_loss` ``= sum(weighted per-token loss) / normaliser``, so summing the
+micro-batch losses (gradient accumulation) gives exactly the whole-batch loss, whatever the
+split. Modes:
+
+* ``token-mean``: every trained token of the step weighs the same (DAPO).
+* ``seq-mean-token-mean``: mean over sequences of each sequence's token mean (GRPO paper).
+* ``seq-mean-token-sum-norm``: per-sequence token sum divided by a constant ``norm_length``,
+  averaged over sequences (Dr. GRPO: no length bias).
+
+Sequences with no trained token (for example infra failures masked out by the trainer) do
+not count as sequences in the ``seq-*`` modes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def _same_shape(**tensors: Tensor) -> None:
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    if len(set(shapes.values())) != 1:
+        raise ValueError(f"shape mismatch: {shapes}")
+
+
+def clipped_surrogate_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+) -> Tensor:
+    """Per-token PPO/GRPO clipped surrogate to *minimise*, with DAPO clip-higher.
+
+    ``ratio = exp(logprobs - old_logprobs)`` is clipped to ``[1 - clip_low, 1 + clip_high]``
+    and the loss is ``-min(ratio * A, clip(ratio) * A)``. All inputs share one shape
+    (``[B, L]`` or ``[L]``); the output has that shape. Tokens with ``A = 0`` (masked
+    observation tokens) get exactly 0.
+    """
+    if not (0.0 <= clip_low < 1.0):
+        raise ValueError(f"clip_low must lie in [0, 1), got {clip_low!r}")
+    if not (math.isfinite(clip_high) and clip_high >= 0.0):
+        raise ValueError(f"clip_high must be a finite number >= 0, got {clip_high!r}")
+    _same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
+    ratio = torch.exp(logprobs - old_logprobs)
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = -torch.minimum(ratio * advantages, clipped * advantages)
+    # An exact zero on zero-advantage tokens even if the ratio overflowed there.
+    return torch.where(advantages == 0, torch.zeros_like(loss), loss)
+
+
+def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token k3 estimator of KL(pi || pi_ref): ``exp(d) - d - 1`` with ``d = ref - lp``.
+
+    Non-negative and unbiased for samples from pi; not clamped, so a blow-up is visible.
+    """
+    _same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    d = ref_logprobs - logprobs
+    return torch.exp(d) - d - 1.0
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+
+@dataclass(frozen=True)
+class _Aggregation:
+    normaliser: Callable[[list[Tensor], int | None], float]
+    row_weights: Callable[[Tensor], Tensor]
+    """``[B, L]`` mask -> ``[B, L]`` token weights (before dividing by the normaliser)."""
+
+
+def _rows(mask: Tensor) -> Tensor:
+    if mask.dim() == 1:
+        mask = mask.unsqueeze(0)
+    if mask.dim() != 2:
+        raise ValueError(f"loss masks must be [B, L] (or [L]), got shape {tuple(mask.shape)}")
+    return mask.to(torch.float64)
+
+
+def _active_rows(masks: list[Tensor]) -> int:
+    return int(sum(int((m.sum(dim=1) > 0).sum()) for m in masks))
+
+
+def _token_count(masks: list[Tensor], _: int | None) -> float:
+    return float(sum(float(m.sum()) for m in masks))
+
+
+def _seq_count(masks: list[Tensor], _: int | None) -> float:
+    return float(_active_rows(masks))
+
+
+def _seq_norm(masks: list[Tensor], norm_length: int | None) -> float:
+    if norm_length is None:
+        raise ValueError("mode 'seq-mean-token-sum-norm' needs norm_length (e.g. max total tokens)")
+    return float(_active_rows(masks) * norm_length)
+
+
+def _per_row_mean(mask: Tensor) -> Tensor:
+    length = mask.sum(dim=1, keepdim=True)
+    return mask / length.clamp(min=1.0)
+
+
+_AGGREGATIONS: dict[str, _Aggregation] = {
+    "token-mean": _Aggregation(_token_count, lambda m: m),
+    "seq-mean-token-mean": _Aggregation(_seq_count, _per_row_mean),
+    "seq-mean-token-sum-norm": _Aggregation(_seq_norm, lambda m: m),
+}
+
+
+def available_aggregations() -> list[str]:
+    return sorted(_AGGREGATIONS)
+
+
+def _get_aggregation(mode: str) -> _Aggregation:
+    try:
+        return _AGGREGATIONS[mode]
+    except KeyError:
+        valid = ", ".join(available_aggregations())
+        raise ValueError(f"unknown loss aggregation {mode!r}; valid: {valid}") from None
+
+
+def loss_normaliser(masks: Sequence[Tensor], mode: str, *, norm_length: int | None = None) -> float:
+    """The step's normaliser over *all* its micro-batch masks (each ``[B_i, L_i]`` or ``[L]``).
+
+    ``token-mean``: trained tokens; ``seq-mean-token-mean``: sequences with a trained token;
+    ``seq-mean-token-sum-norm``: such sequences x ``norm_length``. 0.0 when nothing trains.
+    """
+    agg = _get_aggregation(mode)
+    if norm_length is not None and (
+        isinstance(norm_length, bool) or not isinstance(norm_length, int) or norm_length < 1
+    ):
+        raise ValueError(f"norm_length must be a positive integer, got {norm_length!r}")
+    return agg.normaliser([_rows(m) for m in masks], norm_length)
+
+
+def aggregate_loss(per_token: Tensor, mask: Tensor, mode: str, normaliser: float) -> Tensor:
+    """This micro-batch's share of the step loss: ``sum(weights * per_token) / normaliser``.
+
+    ``per_token`` and ``mask`` are ``[B, L]`` (or ``[L]``); the mask is the loss mask
+    (``trajectory.sampled`` padded with False). A zero normaliser is allowed only when the
+    mask is empty (the step trains nothing) and gives a zero loss that keeps the graph.
+    """
+    agg = _get_aggregation(mode)
+    _same_shape(per_token=per_token, mask=mask)
+    if not math.isfinite(normaliser) or normaliser < 0:
+        raise ValueError(f"normaliser must be finite and >= 0, got {normaliser!r}")
+    rows = _rows(mask)
+    values = per_token if per_token.dim() == 2 else per_token.unsqueeze(0)
+    weights = agg.row_weights(rows).to(values.dtype)
+    # where(), not a product, so NaN/inf on masked-out tokens cannot leak into the loss.
+    weighted = torch.where(rows > 0, values * weights, torch.zeros_like(values))
+    if normaliser == 0:
+        if bool(rows.any()):
+            raise ValueError(
+                "normaliser is 0 but the mask selects tokens; compute it over all masks"
+            )
+        return weighted.sum()
+    return weighted.sum() / normaliser
+
+
+def policy_loss_metrics(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+) -> dict[str, float]:
+    """Diagnostics over masked tokens: clip fraction, approximate KL(old || new), mean ratio."""
+    _same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    m = mask.bool()
+    count = int(m.sum())
+    if count == 0:
+        return {"clip_fraction": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0}
+    with torch.no_grad():
+        log_ratio = (logprobs - old_logprobs)[m].double()
+        ratio = log_ratio.exp()
+        adv = advantages[m].double()
+        clipped_high = (ratio > 1.0 + clip_high) & (adv > 0)
+        clipped_low = (ratio < 1.0 - clip_low) & (adv < 0)
+        return {
+            "clip_fraction": float((clipped_high | clipped_low).double().mean()),
+            "approx_kl": float((ratio - 1.0 - log_ratio).mean()),
+            "ratio_mean": float(ratio.mean()),
+        }

@@ -1,0 +1,137 @@
+"""The environment protocol: start an episode for a task, apply parsed actions, get observations.
+
+An episode is a small value object (task, turn counter, history) so the rollout engine can
+``clone()`` it at any stored boundary and let a branch continue from there (spec section 3,
+stage 2: continuations resume from the stored prefix).
+
+Who is at fault decides the flags: a malformed or wrong call is the policy's fault
+(``error=True``, the episode goes on and the turn counts); an exception or timeout inside a
+tool is the environment's (``infra_failed=True``, the episode ends and the trajectory is left
+out of group statistics and the loss, spec section 2 step 6).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tracerl.core.types import Action, Task
+from tracerl.envs.tools import ToolCallError, ToolFailure, ToolSet, truncate_words
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Episode limits."""
+
+    max_turns: int = 8
+    """Turns (tool calls, invalid outputs and the answer) before the episode is cut off."""
+    max_observation_tokens: int = 300
+    """Whitespace words kept from one tool result."""
+    tool_timeout_s: float | None = None
+    """Seconds a tool may run before the call is an infrastructure failure (None: no limit)."""
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError(f"EnvConfig.max_turns must be >= 1, got {self.max_turns}")
+        if self.max_observation_tokens < 1:
+            raise ValueError(f"EnvConfig.max_observation_tokens must be >= 1, got {self.max_observation_tokens}")
+        if self.tool_timeout_s is not None and self.tool_timeout_s <= 0:
+            raise ValueError(f"EnvConfig.tool_timeout_s must be > 0 or None, got {self.tool_timeout_s}")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the environment returns for one action."""
+
+    text: str
+    done: bool
+    error: bool
+    infra_failed: bool = False
+    valid_actions: tuple[tuple[str, str], ...] = ()
+    """On errors: (tool name, first parameter name) of each tool, so a format can list them."""
+
+
+class Episode(Protocol):
+    turns_taken: int
+
+    def step(self, action: Action) -> Observation: ...
+
+    def clone(self) -> Episode: ...
+
+
+class Environment(Protocol):
+    def start(self, task: Task) -> Episode: ...
+
+
+@dataclass
+class ToolEpisode:
+    """One task's episode over a :class:`ToolSet`."""
+
+    task: Task
+    tools: ToolSet
+    config: EnvConfig
+    turns_taken: int = 0
+    done: bool = False
+    answer: str | None = None
+    infra_failed: bool = False
+    history: list[tuple[Action, Observation]] = field(default_factory=list)
+
+    def clone(self) -> ToolEpisode:
+        """An independent copy sharing the (stateless) tools; counters and history copied."""
+        return ToolEpisode(self.task, self.tools, self.config, self.turns_taken, self.done,
+                           self.answer, self.infra_failed, list(self.history))
+
+    def _valid_actions(self) -> tuple[tuple[str, str], ...]:
+        return tuple((name, t.parameters[0].name if t.parameters else "") for name, t in self.tools.items())
+
+    def _run(self, action: Action) -> str:
+        if self.config.tool_timeout_s is None:
+            return self.tools.call(action.name, action.arguments)
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        future = pool.submit(self.tools.call, action.name, action.arguments)
+        try:
+            return future.result(timeout=self.config.tool_timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise ToolFailure(f"tool {action.name} timed out after {self.config.tool_timeout_s} s") from None
+        finally:
+            pool.shutdown(wait=False)
+
+    def step(self, action: Action) -> Observation:
+        if self.done:
+            raise ValueError(f"episode for task {self.task.id!r} is already finished")
+        self.turns_taken += 1
+        if action.kind == "answer":
+            self.done, self.answer = True, action.answer
+            obs = Observation("", done=True, error=False)
+        elif action.kind == "invalid":
+            obs = self._policy_error(action.error or "invalid action")
+        else:
+            try:
+                text = truncate_words(self._run(action), self.config.max_observation_tokens)
+                obs = Observation(text, done=self._out_of_turns(), error=False)
+            except ToolCallError as exc:
+                obs = self._policy_error(str(exc))
+            except ToolFailure as exc:
+                self.infra_failed = True
+                obs = Observation(str(exc), done=True, error=True, infra_failed=True)
+        self.done = obs.done
+        self.history.append((action, obs))
+        return obs
+
+    def _out_of_turns(self) -> bool:
+        return self.turns_taken >= self.config.max_turns
+
+    def _policy_error(self, why: str) -> Observation:
+        return Observation(why, done=self._out_of_turns(), error=True, valid_actions=self._valid_actions())
+
+
+class ToolEnvironment:
+    """An :class:`Environment` whose actions are calls into a :class:`ToolSet`."""
+
+    def __init__(self, tools: ToolSet, config: EnvConfig | None = None) -> None:
+        self.tools = tools
+        self.config = config or EnvConfig()
+
+    def start(self, task: Task) -> ToolEpisode:
+        return ToolEpisode(task=task, tools=self.tools, config=self.config)

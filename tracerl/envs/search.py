@@ -1,0 +1,147 @@
+"""Closed-corpus search on bm25s, cached on disk by corpus hash.
+
+The index is built once per corpus (hash of every id, title and text plus the scoring
+parameters) and stored under ``cache_dir`` (default ``$XDG_CACHE_HOME/tracerl/bm25``), so
+the many environments of a training run share it. Ranking is deterministic: documents with
+equal scores are ordered by corpus position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import bm25s
+import numpy as np
+from bm25s.stopwords import STOPWORDS_EN
+
+from tracerl.envs.data import Document
+from tracerl.envs.tools import ToolSet, truncate_words
+
+_INDEX_VERSION = "tracerl-bm25-v1"
+_WORD = re.compile(r"\w+")
+_STOP = frozenset(STOPWORDS_EN)
+
+logging.getLogger("bm25s").setLevel(logging.WARNING)
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased word tokens without English stopwords (single letters kept: ids, initials)."""
+    return [w for w in _WORD.findall(text.lower()) if w not in _STOP]
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tracerl" / "bm25"
+
+
+def corpus_hash(documents: list[Document], k1: float, b: float) -> str:
+    digest = hashlib.sha256(f"{_INDEX_VERSION}|{k1}|{b}".encode())
+    for doc in documents:
+        for part in (doc.id, doc.title, doc.text):
+            digest.update(part.encode("utf-8"))
+            digest.update(b"\x00")
+    return digest.hexdigest()[:32]
+
+
+class SearchIndex:
+    """BM25 over ``title + text`` of each document, with exact-title lookup."""
+
+    def __init__(self, documents: list[Document], cache_dir: str | Path | None = None,
+                 use_cache: bool = True, k1: float = 1.5, b: float = 0.75) -> None:
+        if not documents:
+            raise ValueError("SearchIndex needs at least one document")
+        self.documents = list(documents)
+        self.key = corpus_hash(self.documents, k1, b)
+        self._by_title: dict[str, Document] = {}
+        self._by_folded: dict[str, Document] = {}
+        for doc in self.documents:  # the first document with a title wins, as in the corpus order
+            self._by_title.setdefault(doc.title, doc)
+            self._by_folded.setdefault(doc.title.casefold().strip(), doc)
+        self.cache_path: Path | None = None
+        if use_cache:
+            self.cache_path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+            self.cache_path = self.cache_path / self.key
+        self.loaded_from_cache = False
+        self._bm25 = self._load_or_build(k1, b)
+
+    def _load_or_build(self, k1: float, b: float) -> bm25s.BM25:
+        path = self.cache_path
+        if path is not None and (path / "params.index.json").exists():
+            try:
+                bm25 = bm25s.BM25.load(str(path), show_progress=False)
+                self.loaded_from_cache = True
+                return bm25
+            except (OSError, ValueError):
+                pass  # a damaged cache entry is rebuilt below
+        bm25 = bm25s.BM25(k1=k1, b=b, method="lucene")
+        corpus_tokens = [tokenize(f"{d.title} {d.text}") for d in self.documents]
+        bm25.index(corpus_tokens, show_progress=False)
+        if path is not None:
+            self._save(bm25, path)
+        return bm25
+
+    @staticmethod
+    def _save(bm25: bm25s.BM25, path: Path) -> None:
+        """Write to a temporary folder then rename, so readers never see half an index."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=path.parent))
+        try:
+            bm25.save(str(tmp), show_progress=False)
+            os.replace(tmp, path)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # another process won the race: use theirs
+
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every document for ``query`` (zeros when no query word is known)."""
+        ids = self._bm25.get_tokens_ids(tokenize(query))
+        if not ids:
+            return np.zeros(len(self.documents), dtype=np.float32)
+        return np.asarray(self._bm25.get_scores_from_ids(ids), dtype=np.float32)
+
+    def search(self, query: str, k: int = 3) -> list[Document]:
+        """Top ``k`` documents with a positive score; ties broken by corpus order."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        scores = self.scores(query)
+        positive = np.flatnonzero(scores > 0)
+        if positive.size > k:
+            kth = np.partition(scores[positive], positive.size - k)[positive.size - k]
+            positive = positive[scores[positive] >= kth]  # keep every tie at the cut
+        order = positive[np.lexsort((positive, -scores[positive]))][:k]
+        return [self.documents[i] for i in order]
+
+    def open(self, title: str) -> Document | None:
+        """Exact title lookup, then a case- and space-insensitive one."""
+        return self._by_title.get(title) or self._by_folded.get(title.casefold().strip())
+
+
+def render_document(doc: Document, max_tokens: int) -> str:
+    return truncate_words(f"{doc.title}: {doc.text}", max_tokens)
+
+
+def search_tools(index: SearchIndex, top_k: int = 3, max_tokens: int = 100) -> ToolSet:
+    """``search(query)`` and ``open(title)`` over ``index``; ``max_tokens`` caps each document."""
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+
+    def search(query: str) -> str:
+        """Search the corpus; returns the best matching documents as 'title: text' lines."""
+        hits = index.search(query, top_k)
+        if not hits:
+            return "No results."
+        return "\n".join(render_document(d, max_tokens) for d in hits)
+
+    def open(title: str) -> str:  # noqa: A001 - the tool is called open in the action grammar
+        """Open the document with this exact title."""
+        doc = index.open(title)
+        return render_document(doc, max_tokens) if doc else f"No document titled {title}."
+
+    return ToolSet([search, open])

@@ -1,0 +1,156 @@
+"""Typed tools: a plain Python function is a tool.
+
+The function's name is the tool name, the first paragraph of its docstring the description
+and its type-hinted parameters the argument schema, so a user adds a tool by writing a
+function (as in TRL's typed tools). :class:`ToolSet` checks arguments before calling: a
+wrong call is the policy's fault (:class:`ToolCallError`), an exception inside the tool is
+the environment's (:class:`ToolFailure`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import typing
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+_JSON_TYPES: dict[type, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+RESERVED_NAMES = frozenset({"answer"})
+_NON_SPACE = re.compile(r"\S+")
+
+
+class ToolCallError(ValueError):
+    """The policy called a tool wrongly (unknown name, missing/extra/mistyped argument)."""
+
+
+class ToolFailure(RuntimeError):
+    """The tool itself raised: an infrastructure failure, not the policy's fault."""
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    type: type
+    required: bool
+    default: Any = None
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A callable with the schema read from its signature."""
+
+    name: str
+    description: str
+    parameters: tuple[Parameter, ...]
+    fn: Callable[..., str]
+
+    @classmethod
+    def from_function(cls, fn: Callable[..., Any], name: str | None = None) -> Tool:
+        """Build a tool from a function with type hints on every parameter and a docstring."""
+        tool_name = name or fn.__name__
+        if not tool_name.isidentifier():
+            raise ValueError(f"tool name {tool_name!r} must be an identifier")
+        if tool_name in RESERVED_NAMES:
+            raise ValueError(f"tool name {tool_name!r} is reserved for the final answer")
+        doc = inspect.getdoc(fn)
+        if not doc:
+            raise ValueError(f"tool {tool_name!r} needs a docstring (it becomes the description)")
+        hints = typing.get_type_hints(fn)
+        params = []
+        for p in inspect.signature(fn).parameters.values():
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise ValueError(f"tool {tool_name!r}: *args/**kwargs are not allowed")
+            kind = hints.get(p.name)
+            if kind not in _JSON_TYPES:
+                raise ValueError(f"tool {tool_name!r}: parameter {p.name!r} needs a str/int/float/bool hint")
+            required = p.default is inspect.Parameter.empty
+            params.append(Parameter(p.name, kind, required, None if required else p.default))
+        return cls(tool_name, doc.split("\n\n")[0].replace("\n", " "), tuple(params), fn)
+
+    def schema(self) -> dict[str, Any]:
+        """JSON-schema style description (what chat templates put in their tool list)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": {
+                "type": "object",
+                "properties": {p.name: {"type": _JSON_TYPES[p.type]} for p in self.parameters},
+                "required": [p.name for p in self.parameters if p.required],
+            },
+        }
+
+    def check(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """Validated keyword arguments; raises :class:`ToolCallError` naming the problem."""
+        known = {p.name: p for p in self.parameters}
+        extra = sorted(set(arguments) - set(known))
+        if extra:
+            raise ToolCallError(f"{self.name} got unexpected argument {extra[0]}")
+        out: dict[str, Any] = {}
+        for p in self.parameters:
+            if p.name not in arguments:
+                if p.required:
+                    raise ToolCallError(f"{self.name} is missing argument {p.name}")
+                continue
+            value = arguments[p.name]
+            ok = isinstance(value, p.type) and not (isinstance(value, bool) and p.type is not bool)
+            if p.type is float and isinstance(value, int) and not isinstance(value, bool):
+                ok, value = True, float(value)
+            if not ok:
+                raise ToolCallError(f"{self.name} argument {p.name} must be of type {_JSON_TYPES[p.type]}")
+            if p.type is str and not value.strip():
+                raise ToolCallError(f"{self.name} argument {p.name} is empty")
+            out[p.name] = value
+        return out
+
+
+class ToolSet(Mapping[str, Tool]):
+    """Tools by name; :meth:`call` validates, runs and returns the tool's text."""
+
+    def __init__(self, tools: Iterable[Tool | Callable[..., Any]]) -> None:
+        self._tools: dict[str, Tool] = {}
+        for item in tools:
+            tool = item if isinstance(item, Tool) else Tool.from_function(item)
+            if tool.name in self._tools:
+                raise ValueError(f"duplicate tool name {tool.name!r}")
+            self._tools[tool.name] = tool
+
+    def __getitem__(self, name: str) -> Tool:
+        return self._tools[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tools)
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._tools)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return [t.schema() for t in self._tools.values()]
+
+    def call(self, name: str, arguments: Mapping[str, Any]) -> str:
+        """Run a tool. ToolCallError: the call was wrong; ToolFailure: the tool broke."""
+        if name not in self._tools:
+            raise ToolCallError(f"unknown tool {name}")
+        tool = self._tools[name]
+        kwargs = tool.check(arguments)
+        try:
+            result = tool.fn(**kwargs)
+        except Exception as exc:  # any exception inside a tool is the environment's fault
+            raise ToolFailure(f"tool {name} raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(result, str):
+            raise ToolFailure(f"tool {name} returned {type(result).__name__}, expected str")
+        return result
+
+
+def truncate_words(text: str, max_tokens: int) -> str:
+    """Keep the first ``max_tokens`` whitespace words, layout intact (" ..." marks a cut)."""
+    for count, match in enumerate(_NON_SPACE.finditer(text), start=1):
+        if count == max_tokens:
+            rest = text[match.end():]
+            return text[: match.end()] + " ..." if rest.strip() else text
+    return text

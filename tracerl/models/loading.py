@@ -1,0 +1,49 @@
+"""Resolve a model name to a Hugging Face model and tokenizer.
+
+``tiny`` is the embedded base model (pretrained once, cached by config); ``random-tiny`` is a
+randomly initialised model of the same family with a tokenizer built from the given texts
+(smoke runs and tests); anything else goes to ``from_pretrained``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_model(
+    name_or_path: str,
+    *,
+    vocabulary_texts: list[str] | None = None,
+    tiny_preset: str = "default",
+    dtype: str = "float32",
+    device: str = "cpu",
+    seed: int = 0,
+) -> tuple[Any, Any]:
+    """Return ``(model, tokenizer)``; nothing is downloaded for the embedded names."""
+    if name_or_path == "random-tiny":
+        from tracerl.models.tiny import build_tiny_tokenizer, random_tiny_model
+        from tracerl.models.tiny_config import get_preset
+
+        if not vocabulary_texts:
+            raise ValueError("model 'random-tiny' needs vocabulary texts to build its tokenizer")
+        tokenizer = build_tiny_tokenizer(vocabulary_texts)
+        torch.manual_seed(seed)
+        model = random_tiny_model(tokenizer, get_preset("smoke"))
+    else:
+        path: str | Path = name_or_path
+        if name_or_path == "tiny":
+            from tracerl.models.tiny import load_or_pretrain
+            from tracerl.models.tiny_config import get_preset
+
+            path = load_or_pretrain(get_preset(tiny_preset))
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device=device, dtype=DTYPES[dtype]), tokenizer

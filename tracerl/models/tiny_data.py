@@ -1,0 +1,180 @@
+"""Pretraining data for the embedded tiny base model: documents and exploratory episodes.
+
+Exploratory episodes are *not* expert demonstrations. A scripted explorer runs the real
+search tools of a SynthWiki world through the real :class:`~tracerl.envs.base.ToolEnvironment`
+and agent format: its first query is an entity named in the question, later queries follow
+a link of the document it just looked up (probability ``focus``) or pick any entity seen so
+far, the number of searches is drawn independently of the question, and the final answer
+is an entity seen in context (again a link of the last document with probability ``focus``).
+The gold answer is never consulted. A model trained on this knows the format, copies names
+out of observations and succeeds by luck only now and then, which gives RL a signal to
+amplify and makes the frozen reference's gold log-prob rise once evidence is in context
+(issue 4 item 4).
+
+Episodes are tokenised piece by piece exactly as the rollout engine builds trajectories
+(prompt, then each assistant turn, then each rendered observation, EOS after the answer),
+so the policy sees familiar prefixes at RL time.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tracerl.agent.formats import AgentFormat
+from tracerl.core.types import Action, Task
+from tracerl.envs.base import EnvConfig, Observation, ToolEnvironment
+from tracerl.envs.search import SearchIndex, render_document, search_tools
+from tracerl.envs.synthwiki import ATTRIBUTES, RELATIONS, World, WorldConfig, build_world, draw_names
+
+_CAPITALISED = re.compile(r"\b[A-Z][a-z]+\b")
+
+
+@dataclass(frozen=True)
+class ExplorerConfig:
+    """How the scripted explorer behaves (all probabilities in [0, 1])."""
+
+    focus: float = 0.8
+    """Chance to follow a link of the document just looked up (else any entity seen so far)."""
+    search_count_weights: tuple[float, ...] = (0.35, 0.3, 0.2, 0.15)
+    """Relative chance of 1, 2, 3, ... tool calls before answering (independent of the question)."""
+    open_prob: float = 0.1
+    """Chance that a tool call uses ``open[title]`` instead of ``search[query]``."""
+    top_k: int = 3
+    """Documents returned by one search (as in :func:`~tracerl.envs.search.search_tools`)."""
+    doc_max_tokens: int = 100
+    """Words kept per returned document."""
+
+
+@dataclass
+class Sample:
+    """One pretraining row: token ids and which of them carry loss."""
+
+    ids: list[int]
+    loss_mask: list[bool]
+
+
+class WorldTools:
+    """A world with its search index, tools and environment, ready for exploration."""
+
+    def __init__(self, world: World, explorer: ExplorerConfig, max_turns: int) -> None:
+        self.world = world
+        self.index = SearchIndex(world.documents, use_cache=False)
+        self.tools = search_tools(self.index, top_k=explorer.top_k, max_tokens=explorer.doc_max_tokens)
+        self.env = ToolEnvironment(self.tools, EnvConfig(max_turns=max_turns))
+        self.names = frozenset(e.name for e in world.entities)
+
+    def entities_in(self, text: str) -> list[str]:
+        """Entity names in ``text``, first occurrence order, without repeats."""
+        out: list[str] = []
+        for word in _CAPITALISED.findall(text):
+            if word in self.names and word not in out:
+                out.append(word)
+        return out
+
+    def links(self, title: str) -> list[str]:
+        """Entities named in the document titled ``title`` other than itself."""
+        doc = self.index.open(title)
+        return [] if doc is None else [n for n in self.entities_in(doc.text) if n != title]
+
+
+def pretraining_worlds(world: WorldConfig, fact_seeds: Sequence[int], questions: int) -> Iterator[World]:
+    """Worlds sharing ``world``'s names, one per fact seed, each with ``questions`` train tasks."""
+    for seed in fact_seeds:
+        yield build_world(replace(world, fact_seed=seed, num_train=questions, num_test=0))
+
+
+def explore(task: Task, wt: WorldTools, fmt: AgentFormat, rng: random.Random,
+            cfg: ExplorerConfig) -> list[tuple[str, bool]]:
+    """One exploratory episode as ``(text, is_assistant)`` pieces in the engine's order."""
+    episode = wt.env.start(task)
+    pieces = [(fmt.render_prompt(task, wt.tools), False)]
+    seen = wt.entities_in(task.question)
+    searched: list[str] = []
+    links: list[str] = []
+    calls = rng.choices(range(1, len(cfg.search_count_weights) + 1), weights=cfg.search_count_weights)[0]
+    for turn in range(calls):
+        fresh_links = [n for n in links if n not in searched]
+        if turn > 0 and fresh_links and rng.random() < cfg.focus:
+            pool = fresh_links
+        else:
+            pool = [n for n in seen if n not in searched] or seen
+        if not pool:
+            break
+        target = rng.choice(pool)
+        tool = "open" if rng.random() < cfg.open_prob else "search"
+        param = wt.tools[tool].parameters[0].name
+        action = Action(kind="tool", name=tool, arguments={param: target})
+        obs = episode.step(action)
+        pieces += [(fmt.render_action(action), True), (fmt.render_observation(obs), False)]
+        searched.append(target)
+        links = wt.links(target)
+        seen += [n for n in wt.entities_in(obs.text) if n not in seen]
+        if obs.done:
+            return pieces  # out of turns: the episode ends without an answer
+    answer_pool = links if links and rng.random() < cfg.focus else seen
+    if answer_pool:
+        pieces.append((fmt.render_action(Action(kind="answer", answer=rng.choice(answer_pool))), True))
+    return pieces
+
+
+def encode_pieces(tokenizer: Any, episodes: list[list[tuple[str, bool]]], eos_id: int,
+                  loss_on: str) -> list[Sample]:
+    """Tokenise each piece on its own (as the engine does) and append EOS after an answer.
+
+    ``loss_on`` is ``"all"`` (every token) or ``"assistant"`` (assistant pieces and EOS only).
+    """
+    flat = [text for ep in episodes for text, _ in ep]
+    encoded = tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
+    samples, pos = [], 0
+    for ep in episodes:
+        ids: list[int] = []
+        mask: list[bool] = []
+        for _, is_assistant in ep:
+            piece = encoded[pos]
+            pos += 1
+            ids += piece
+            mask += [loss_on == "all" or is_assistant] * len(piece)
+        if ep and ep[-1][1]:  # ended on the answer: the policy ends its turn with EOS
+            ids.append(eos_id)
+            mask.append(True)
+        samples.append(Sample(ids, mask))
+    return samples
+
+
+def document_rows(world: World, rng: random.Random, count: int, docs_per_row: int) -> list[str]:
+    """``count`` rows of ``docs_per_row`` random documents rendered as search results are."""
+    rows = []
+    for _ in range(count):
+        docs = rng.sample(world.documents, min(docs_per_row, len(world.documents)))
+        rows.append(" ".join(render_document(d, 10_000) for d in docs))
+    return rows
+
+
+def vocabulary_texts(world: WorldConfig, fmt: AgentFormat) -> list[str]:
+    """Texts that cover the word-level vocabulary: every name, document and question words,
+    and the format's fixed strings (error observations, tool list, thoughts)."""
+    first = build_world(replace(world, num_train=min(world.num_train, 500), num_test=0))
+    texts = [" ".join(e.name for e in draw_names(world))]
+    texts += [render_document(d, 10_000) for d in first.documents]
+    texts += [t.question for t in first.train]
+    # Every template word, whichever values this world happened to draw.
+    texts += [tpl.format(s="X", v=v) for attrs in ATTRIBUTES.values() for tpl, vals in attrs for v in vals]
+    texts += [s.format(s="X", o="Y") for r in RELATIONS for s in r.sentences]
+    texts += [f"Who is {r.phrase.format(x='X')}? What is {r.phrase.format(x='X')}?" for r in RELATIONS]
+    index = SearchIndex(first.documents[:2], use_cache=False)
+    tools = search_tools(index)
+    task = first.train[0] if first.train else Task(id="x", question="Who?", answers=("x",))
+    texts.append(fmt.render_prompt(task, tools))
+    texts.append(type(fmt)(tool_list=True).render_prompt(task, tools) if hasattr(fmt, "tool_list") else "")
+    for why in ("no action found", "missing ] after the argument", "empty answer", "unknown action x",
+                "empty query", "empty title", "search takes no argument", "invalid action"):
+        obs = Observation(why, done=False, error=True, valid_actions=(("search", "query"), ("open", "title")))
+        texts.append(fmt.render_observation(obs))
+    texts += ["No results.", "No document titled x.", "Thought: I should search.\n", " ..."]
+    texts.append(fmt.render_action(Action(kind="tool", name="search", arguments={"query": "x"})))
+    texts.append(fmt.render_action(Action(kind="answer", answer="x")))
+    return texts

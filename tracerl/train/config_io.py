@@ -1,0 +1,137 @@
+"""Loading nested config dataclasses from YAML plus ``a.b=value`` overrides.
+
+Typing and nesting are delegated to ``dacite``; this module adds what users need on top:
+unknown keys named with their full path and the valid alternatives, and values parsed the
+way YAML would parse them on the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import dacite
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be loaded; the message names the field."""
+
+
+def _dataclass_type(tp: Any) -> type | None:
+    """The dataclass inside ``tp`` (``X`` or ``X | None``), else None."""
+    if dataclasses.is_dataclass(tp):
+        return tp  # type: ignore[return-value]
+    for arg in typing.get_args(tp):
+        if dataclasses.is_dataclass(arg):
+            return arg  # type: ignore[return-value]
+    return None
+
+
+def check_keys(cls: type, data: dict[str, Any], path: str = "") -> None:
+    """Raise :class:`ConfigError` for keys that are not fields, recursing into nested configs."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"config section '{path or '<root>'}' must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else key
+        if key not in names:
+            raise ConfigError(
+                f"unknown config key '{where}'; valid keys in '{path or '<root>'}': {', '.join(names)}"
+            )
+        nested = _dataclass_type(hints[key])
+        if nested is not None and value is not None:
+            check_keys(nested, value, where)
+
+
+def _as_float(value: Any) -> Any:
+    # YAML reads `1` and `1e-5` differently; a float field should accept both.
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    """Build ``cls`` from plain data; every error names the offending field."""
+    check_keys(cls, data)
+    try:
+        return dacite.from_dict(
+            cls, data, config=dacite.Config(strict=True, cast=[tuple], type_hooks={float: _as_float})
+        )
+    except dacite.DaciteFieldError as err:
+        raise ConfigError(f"bad config value: {err}") from None
+    except dacite.DaciteError as err:
+        raise ConfigError(f"bad config: {err}") from None
+    except (ValueError, TypeError) as err:  # raised by a dataclass __post_init__
+        raise ConfigError(str(err)) from None
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """Plain nested data (tuples as lists) ready for YAML or JSON."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(dataclasses.asdict(config))
+
+
+def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict update that returns a new dict."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """``"optim.lr=1e-5"`` -> ``{"optim": {"lr": 1e-05}}`` (the value is parsed as YAML)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like section.field=value")
+    key, raw = text.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({err})") from None
+    nested: dict[str, Any] = {parts[-1]: _yaml_number(value)}
+    for part in reversed(parts[:-1]):
+        nested = {part: nested}
+    return nested
+
+
+def _yaml_number(value: Any) -> Any:
+    # PyYAML (YAML 1.1) reads "1e-5" as a string; users mean a number.
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in ".eE") and value.strip() else value
+        except ValueError:
+            return value
+    return value
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, naming the file on error."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"cannot read config file {path}: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return {k: _numbers_in(v) for k, v in data.items()}
+
+
+def _numbers_in(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _numbers_in(v) for k, v in value.items()}
+    return _yaml_number(value)

@@ -1,0 +1,263 @@
+"""The training loop, readable top to bottom (see :meth:`Trainer.step`).
+
+pick prompts -> rollout scheme -> rewards (verified inside the engine) -> reference readiness
+when credit is on -> advantages -> clipped-PPO update -> predictor update -> log + checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from tracerl.agent.formats import get_format
+from tracerl.allocation.predictor import SuccessPredictor
+from tracerl.core.advantages import AdvantageBatch, get_estimator
+from tracerl.core.types import Trajectory
+from tracerl.envs.verifiers import get_verifier
+from tracerl.models.backend import HFPolicy
+from tracerl.models.loading import load_model
+from tracerl.models.scoring import ReferenceScorer
+from tracerl.rollout.engine import RolloutEngine
+from tracerl.rollout.evaluate import evaluate
+from tracerl.rollout.schemes import get_scheme
+from tracerl.train.checkpoint import RngState, latest_checkpoint, load_trainer_state, save_checkpoint
+from tracerl.train.config import TrainConfig, config_to_yaml
+from tracerl.train.data import load_task_data, take_pool
+from tracerl.train.metrics import MetricsLog
+from tracerl.train.update import UpdateSettings, policy_update
+
+INITIAL = "initial"
+"""Run sub-folder with the initial policy: the frozen reference is always rebuilt from it."""
+
+
+def lr_lambda(config: TrainConfig) -> Callable[[int], float]:
+    """Linear warmup, then constant, cosine or linear decay over ``config.steps``."""
+    warmup, total, kind = config.optim.warmup_steps, max(config.steps, 1), config.optim.schedule
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if kind == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * progress))
+        if kind == "linear":
+            return 1.0 - progress
+        return 1.0
+
+    return factor
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Owns every component of a run; ``run()`` trains, ``step()`` is one training step."""
+
+    def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False,
+                 echo: Callable[[str], None] | None = None) -> None:
+        self.config, self.run_dir, self.echo = config, Path(run_dir), echo or (lambda _: None)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        _seed_everything(config.seed)
+        cfg = config
+        self.fmt = get_format(cfg.model.format)
+        self.data = load_task_data(cfg.data, cfg.rollout.engine, cfg.seed)
+        self.tasks = {t.id: t for t in self.data.train + self.data.held_out + self.data.redrawn}
+        initial = self.run_dir / INITIAL
+        if initial.exists():
+            self.model, self.tokenizer = load_model(str(initial), dtype=cfg.model.dtype, device=cfg.model.device)
+        else:
+            vocab = None
+            if cfg.model.name_or_path == "random-tiny":
+                from tracerl.models.tiny_data import vocabulary_texts
+                vocab = vocabulary_texts(cfg.data.world, self.fmt)
+            self.model, self.tokenizer = load_model(
+                cfg.model.name_or_path, vocabulary_texts=vocab, tiny_preset=cfg.model.tiny_preset,
+                dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+            self.model.save_pretrained(initial)
+            self.tokenizer.save_pretrained(initial)
+        needs_reference = cfg.algo.credit or cfg.optim.kl_coef > 0
+        self.reference = ReferenceScorer(self.model, self.tokenizer, self.fmt) if needs_reference else None
+        verifier = get_verifier(cfg.data.verifier)
+        backend = HFPolicy(self.model, self.tokenizer)
+        self.engine = RolloutEngine(backend, self.data.environment, self.fmt, verifier, cfg.rollout.engine)
+        eval_engine_cfg = replace(cfg.rollout.engine, temperature=cfg.eval.temperature)
+        self.eval_engine = RolloutEngine(backend, self.data.environment, self.fmt, verifier, eval_engine_cfg)
+        self.predictor = SuccessPredictor(cfg.predictor) if cfg.uses_predictor else None
+        readiness = self.reference.readiness if (self.reference and cfg.algo.credit) else None
+        self.scheme = get_scheme(cfg.rollout.scheme, cfg.rollout.schemes, self.predictor, readiness)
+        self.estimator = get_estimator(cfg.algo.estimator)
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.update_settings = UpdateSettings(o.micro_batch_size, cfg.rollout.engine.temperature, o.clip_low,
+                                              o.clip_high, o.kl_coef, o.loss_agg, o.grad_clip)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.step_index, self.cursor = 0, 0
+        self.totals = {"rollouts": 0, "generated_tokens": 0}
+        self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb)
+        if resume:
+            self._restore()
+
+    # --- one step -------------------------------------------------------------------------
+
+    def step(self) -> dict[str, Any]:
+        cfg, timings = self.config, {}
+        clock = time.perf_counter()
+
+        pool = take_pool(self.data.train, self.cursor, cfg.rollout.pool_size)
+        self.model.eval()
+        result = self.scheme.collect(self.engine, pool, cfg.rollout.budget, self.generator)
+        self.cursor += result.consumed
+        trajectories = [t for tree in result.trees for t in tree.trajectories.values()]
+        clock = _lap(timings, "rollout", clock)
+
+        if cfg.algo.credit:
+            self._score_readiness(trajectories)
+        clock = _lap(timings, "scoring", clock)
+
+        batch = AdvantageBatch(trajectories, {tree.tree_id: tree for tree in result.trees})
+        advantages = self.estimator(batch, cfg.algo.advantage)
+        clock = _lap(timings, "advantages", clock)
+
+        update = self._update([(t, a) for t, a in zip(trajectories, advantages) if not t.infra_failed])
+        clock = _lap(timings, "update", clock)
+
+        predictor_metrics = self.predictor.update(result.trees) if self.predictor is not None else {}
+        _lap(timings, "predictor", clock)
+        self.engine.forget(result.trees)
+
+        self.step_index += 1
+        self.totals["rollouts"] += result.cost.rollouts
+        self.totals["generated_tokens"] += result.cost.generated_tokens
+        return self._record(result, trajectories, update, predictor_metrics, timings)
+
+    def _score_readiness(self, trajectories: list[Trajectory]) -> None:
+        assert self.reference is not None
+        for traj in trajectories:
+            if traj.readiness is None and not traj.infra_failed:
+                traj.readiness = self.reference.readiness(traj, self.tasks[traj.task_id])
+
+    def _update(self, pairs: list[tuple[Trajectory, torch.Tensor]]) -> dict[str, float]:
+        if not pairs:
+            return {"loss": 0.0, "grad_norm": 0.0, "kl": 0.0, "clip_fraction": 0.0, "trained_tokens": 0.0}
+        reference = self.reference.model if (self.reference and self.config.optim.kl_coef > 0) else None
+        chunks = np.array_split(np.arange(len(pairs)), min(self.config.optim.updates_per_step, len(pairs)))
+        merged: dict[str, float] = {}
+        for chunk in chunks:
+            part = [pairs[i] for i in chunk]
+            metrics = policy_update(self.model, self.optimizer, [p[0] for p in part], [p[1] for p in part],
+                                    self.update_settings, self.tokenizer.pad_token_id, reference)
+            for key, value in metrics.items():
+                merged[key] = merged.get(key, 0.0) + value / len(chunks)
+        self.scheduler.step()
+        return merged
+
+    def _record(self, result: Any, trajectories: list[Trajectory], update: dict[str, float],
+                predictor: dict[str, float], timings: dict[str, float]) -> dict[str, Any]:
+        valid = [t for t in trajectories if not t.infra_failed]
+        credit = [c for t in valid if t.readiness for c in _value_gain(t)]
+        record: dict[str, Any] = {
+            "step": self.step_index,
+            "reward_mean": float(np.mean([t.reward for t in valid])) if valid else 0.0,
+            "accuracy": float(np.mean([t.reward > 0.5 for t in valid])) if valid else 0.0,
+            "effective_ratio": result.effective_ratio,
+            "rollouts": result.cost.rollouts,
+            "generated_tokens": result.cost.generated_tokens,
+            "total_rollouts": self.totals["rollouts"],
+            "total_generated_tokens": self.totals["generated_tokens"],
+            "prompts": len(result.trees),
+            "trajectories": len(trajectories),
+            "infra_failed": len(trajectories) - len(valid),
+            "turns_mean": float(np.mean([len(t.turns) for t in valid])) if valid else 0.0,
+            "lr": self.scheduler.get_last_lr()[0],
+            "readiness_gain_mean": float(np.mean(credit)) if credit else None,
+            **update,
+            **{f"predictor_{k}": v for k, v in predictor.items()},
+            **{f"scheme_{k}": v for k, v in result.info.items()},
+            **{f"time_{k}": v for k, v in timings.items()},
+            "step_seconds": sum(timings.values()),
+        }
+        return record
+
+    # --- evaluation -------------------------------------------------------------------------
+
+    def evaluate(self, tasks: list, label: str = "eval") -> dict[str, float]:
+        """Accuracy on ``tasks`` with a generator of its own, so evaluating never shifts training."""
+        self.model.eval()
+        generator = torch.Generator().manual_seed(self.config.seed + 7919 * self.step_index)
+        report = evaluate(self.eval_engine, tasks[: self.config.eval.size], samples=1, generator=generator)
+        return {f"{label}_accuracy": report.metrics["em"], f"{label}_f1": report.metrics["f1"],
+                f"{label}_turns": report.metrics["mean_turns"]}
+
+    # --- the run ----------------------------------------------------------------------------
+
+    def run(self, steps: int | None = None) -> list[dict[str, Any]]:
+        """Train until ``steps`` total steps (default ``config.steps``); checkpoint as configured."""
+        target = self.config.steps if steps is None else steps
+        records = []
+        while self.step_index < target:
+            record = self.step()
+            every = self.config.eval.every
+            if (every and self.step_index % every == 0) or self.step_index == target:
+                record.update(self.evaluate(self.data.held_out))
+            if self.step_index % self.config.log.checkpoint_every == 0 or self.step_index == target:
+                self.save()
+            self.log.write(record)
+            self.echo(record)
+            records.append(record)
+        return records
+
+    def save(self) -> Path:
+        state = {
+            "step": self.step_index,
+            "cursor": self.cursor,
+            "totals": dict(self.totals),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "predictor": self.predictor.state_dict() if self.predictor is not None else None,
+            "rng": RngState.capture(self.generator),
+        }
+        return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
+                               config_to_yaml(self.config))
+
+    def _restore(self) -> None:
+        folder = latest_checkpoint(self.run_dir)
+        if folder is None:
+            raise FileNotFoundError(f"{self.run_dir} has no checkpoint to resume from")
+        from safetensors.torch import load_file
+
+        weights = load_file(str(folder / "policy" / "model.safetensors"))
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        if unexpected or any("lm_head" not in k for k in missing):  # lm_head may be tied
+            raise RuntimeError(f"checkpoint {folder} does not match the model: {missing} {unexpected}")
+        state = load_trainer_state(folder)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.predictor is not None and state["predictor"] is not None:
+            self.predictor.load_state_dict(state["predictor"])
+        self.step_index, self.cursor, self.totals = state["step"], state["cursor"], state["totals"]
+        state["rng"].restore(self.generator)
+        self.log.truncate_after(self.step_index)
+
+
+def _lap(timings: dict[str, float], name: str, since: float) -> float:
+    now = time.perf_counter()
+    timings[name] = now - since
+    return now
+
+
+def _value_gain(traj: Trajectory) -> list[float]:
+    """``l_T - l_0`` of a trajectory: how much its searches raised the reference's readiness."""
+    assert traj.readiness is not None
+    return [traj.readiness[-1] - traj.readiness[0]]
+
