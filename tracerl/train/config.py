@@ -7,7 +7,7 @@ naming the field and the allowed values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +17,7 @@ from tracerl.allocation.predictor import PredictorConfig
 from tracerl.core.advantages import AdvantageOptions, available_estimators
 from tracerl.core.losses import available_aggregations
 from tracerl.envs.synthwiki import WorldConfig
+from tracerl.models.tiny_config import SMOKE_WORLD
 from tracerl.rollout.engine import EngineConfig
 from tracerl.rollout.schemes import SCHEME_NAMES, SchemeConfig
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, to_dict
@@ -220,8 +221,7 @@ SMOKE: dict[str, Any] = {
     "model": {"name_or_path": "random-tiny"},
     "data": {
         "train_worlds": 2,
-        "world": {"num_people": 12, "num_cities": 8, "num_countries": 4, "num_books": 8, "num_bands": 4,
-                  "num_companies": 6, "num_train": 24, "num_test": 12, "max_hops": 2},
+        "world": asdict(SMOKE_WORLD),  # the world the smoke tiny model knows
     },
     "rollout": {"budget": 16, "pool_size": 6, "engine": {"max_turns": 3, "max_turn_tokens": 12, "max_total_tokens": 384},
                 "schemes": {"group_size": 4, "tree_initial": 2, "tree_rounds": 1, "tree_expand_nodes": 2,

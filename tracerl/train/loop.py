@@ -201,16 +201,17 @@ class Trainer:
 
     # --- the run ----------------------------------------------------------------------------
 
-    def run(self, steps: int | None = None) -> list[dict[str, Any]]:
-        """Train until ``steps`` total steps (default ``config.steps``); checkpoint as configured."""
+    def run(self, steps: int | None = None, *, deadline: float | None = None) -> list[dict[str, Any]]:
+        """Train until ``steps`` total steps (default ``config.steps``) or the ``time.perf_counter()``
+        ``deadline``; evaluate every ``eval.every`` steps and at the last step, checkpoint as configured."""
         target = self.config.steps if steps is None else steps
         records = []
-        while self.step_index < target:
+        while self.step_index < target and (deadline is None or time.perf_counter() < deadline):
             record = self.step()
-            every = self.config.eval.every
-            if (every and self.step_index % every == 0) or self.step_index == target:
+            every, last = self.config.eval.every, self.step_index == target
+            if (every and self.step_index % every == 0) or last:
                 record.update(self.evaluate(self.data.held_out))
-            if self.step_index % self.config.log.checkpoint_every == 0 or self.step_index == target:
+            if self.step_index % self.config.log.checkpoint_every == 0 or last:
                 self.save()
             self.log.write(record)
             self.echo(record)
