@@ -9,7 +9,10 @@ Setup: one SynthWiki world the tiny model never saw (fact seed 1; the model was 
 fact seeds 1,000,000+), its training questions cycled as the prompt pool (``--tasks`` of them,
 so prompts recur across steps as in multi-epoch training), ``--pool`` prompts offered per step,
 ``--budget`` continuation rollouts per step. Every scheme sees the same pools and the same seed.
-The trace predictor is trained online on trace's own trees after each step (as in training).
+Schemes: chain, dapo, tree_random, ``trace_uniform`` (trace without a predictor: the paper's
+uniform+uniform ablation), ``trace`` (predictor on history features) and ``trace_ready`` (the
+same plus the frozen reference's readiness l_k/V_k, as when TRACE credit is on). Each trace
+variant trains its own predictor online on its own trees after each step (as in training).
 Held-out AUC: chain rollouts on test-split questions (never trained on), scored after each
 predictor update; ``anchors`` restricts to the boundaries stage 2 ranks.
 
@@ -20,6 +23,7 @@ Usage: ``python benchmarks/allocation_effective_ratio.py [--quick]``; writes
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
@@ -37,11 +41,12 @@ from tracerl.envs.search import SearchIndex, search_tools
 from tracerl.envs.synthwiki import WorldConfig, build_world
 from tracerl.envs.verifiers import exact_match
 from tracerl.models.backend import HFPolicy
+from tracerl.models.scoring import ReferenceScorer
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
 from tracerl.rollout.schemes import SchemeConfig, expandable_nodes, get_scheme
 
 OUT = Path(__file__).parent / "results" / "allocation_effective_ratio.json"
-SCHEMES = ("chain", "dapo", "tree_random", "trace_uniform", "trace")
+SCHEMES = ("chain", "dapo", "tree_random", "trace_uniform", "trace", "trace_ready")
 
 
 def _args() -> argparse.Namespace:
@@ -97,46 +102,69 @@ def heldout_auc(pred: SuccessPredictor, trees: list[RolloutTree], anchors_only: 
     return weighted_auc(pred.predict_nodes(picked, ids), wins, losses) if ids else float("nan")
 
 
-def _scheme(name: str, cfg: SchemeConfig, pred: SuccessPredictor) -> Any:
+PREDICTED = ("trace", "trace_ready")
+"""Schemes with their own online predictor; ``trace_ready`` also feeds it reference readiness."""
+
+
+def _scheme(name: str, cfg: SchemeConfig, preds: dict[str, SuccessPredictor], scorer: ReferenceScorer) -> Any:
     if name == "trace_uniform":  # the uniform+uniform ablation: trace without a predictor
         return get_scheme("trace", cfg)
-    return get_scheme(name, cfg, predictor=pred if name == "trace" else None)
+    if name == "trace_ready":
+        return get_scheme("trace", cfg, predictor=preds[name], readiness=scorer.readiness)
+    return get_scheme(name, cfg, predictor=preds.get(name))
+
+
+def _score_all(trees: list[RolloutTree], tasks: dict[str, Task], scorer: ReferenceScorer) -> None:
+    for tree in trees:
+        for traj in tree.trajectories.values():
+            if traj.readiness is None and not traj.infra_failed:
+                traj.readiness = scorer.readiness(traj, tasks[tree.task_id])
 
 
 def run_seed(seed: int, args: argparse.Namespace, engine: RolloutEngine, train: list[Task], test: list[Task]) -> dict:
     g = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(train), generator=g)[: args.tasks].tolist()
     tasks = [train[i] for i in order]
-    heldout, _ = engine.rollout(test[: args.heldout], [4] * min(args.heldout, len(test)), generator=g)
+    scorer = ReferenceScorer(engine.backend.model, engine.tokenizer, engine.fmt)
+    held = test[: args.heldout]
+    heldout = {"trace": engine.rollout(held, [4] * len(held), generator=g)[0]}
+    heldout["trace_ready"] = copy.deepcopy(heldout["trace"])
+    _score_all(heldout["trace_ready"], {t.id: t for t in held}, scorer)
     cfg = SchemeConfig(group_size=args.group_size)
-    pred = SuccessPredictor()
+    preds = {name: SuccessPredictor() for name in PREDICTED}
     out: dict[str, Any] = {name: [] for name in SCHEMES}
-    out["predictor"] = []
+    out["predictor"] = {name: [] for name in PREDICTED}
     for step in range(args.steps):
         start = (step * args.pool) % len(tasks)
         pool = (tasks + tasks)[start : start + args.pool]
         for name in SCHEMES:
             clock = time.perf_counter()
-            res = _scheme(name, cfg, pred).collect(engine, pool, args.budget, torch.Generator().manual_seed(seed * 1000 + step))
+            gen = torch.Generator().manual_seed(seed * 1000 + step)
+            res = _scheme(name, cfg, preds, scorer).collect(engine, pool, args.budget, gen)
             row = {"effective_ratio": res.effective_ratio, "rollouts": res.cost.rollouts,
                    "generated_tokens": res.cost.generated_tokens, "seconds": time.perf_counter() - clock, **res.info}
-            if name == "trace":
-                fresh = pred.update(res.trees)
-                out["predictor"].append({
+            if name in PREDICTED:
+                fresh = preds[name].update(res.trees)
+                out["predictor"][name].append({k: _finite(v) for k, v in {
                     "fresh_auc": fresh["auc"], "fresh_brier": fresh["brier"],
-                    "heldout_auc": heldout_auc(pred, heldout, False),
-                    "heldout_auc_anchors": heldout_auc(pred, heldout, True),
-                })
+                    "heldout_auc": heldout_auc(preds[name], heldout[name], False),
+                    "heldout_auc_anchors": heldout_auc(preds[name], heldout[name], True),
+                }.items()})
             engine.forget(res.trees)
             out[name].append(row)
         print(f"seed {seed} step {step}: " + " ".join(f"{n}={out[n][-1]['effective_ratio']:.2f}" for n in SCHEMES)
-              + f" heldout_auc={out['predictor'][-1]['heldout_auc']:.3f}", flush=True)
+              + f" heldout_auc={out['predictor']['trace'][-1]['heldout_auc']}", flush=True)
     return out
 
 
-def _mean(xs: list[float]) -> float:
-    xs = [x for x in xs if x == x]  # NaN AUCs (one-class steps) are left out
-    return round(statistics.fmean(xs), 4) if xs else float("nan")
+def _finite(x: float) -> float | None:
+    return None if x != x else x  # NaN is not JSON
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    """Mean without NaN/None entries (one-class AUCs); None when nothing is left (valid JSON)."""
+    kept = [x for x in xs if x is not None and x == x]
+    return round(statistics.fmean(kept), 4) if kept else None
 
 
 def summarise(runs: list[dict], args: argparse.Namespace) -> dict[str, Any]:
@@ -148,7 +176,9 @@ def summarise(runs: list[dict], args: argparse.Namespace) -> dict[str, Any]:
             "effective_ratio": _mean(per_seed),
             "effective_ratio_per_seed": per_seed,
             "effective_ratio_after_step1": _mean([r["effective_ratio"] for run in runs for r in run[name][1:]]),
-            "effective_ratio_per_step": [_mean([run[name][s]["effective_ratio"] for run in runs]) for s in range(args.steps)],
+            "effective_ratio_per_step": [
+                _mean([run[name][s]["effective_ratio"] for run in runs]) for s in range(args.steps)
+            ],
             "mixed_prompts_per_step": _mean([r["mixed_prompts"] for r in rows]),
             "prompts_per_step": _mean([r["prompts"] for r in rows]),
             "success_rate": _mean([r["success_rate"] for r in rows]),
@@ -157,13 +187,18 @@ def summarise(runs: list[dict], args: argparse.Namespace) -> dict[str, Any]:
             "seconds_per_step": _mean([r["seconds"] for r in rows]),
         }
     chain = schemes["chain"]["effective_ratio"]
+    ratios = {n: round(s["effective_ratio"] / chain, 3) if chain and s["effective_ratio"] is not None else None
+              for n, s in schemes.items()}
     pred = {
-        key: [_mean([run["predictor"][s][key] for run in runs]) for s in range(args.steps)]
-        for key in ("fresh_auc", "fresh_brier", "heldout_auc", "heldout_auc_anchors")
+        name: {
+            key: [_mean([run["predictor"][name][s][key] for run in runs]) for s in range(args.steps)]
+            for key in ("fresh_auc", "fresh_brier", "heldout_auc", "heldout_auc_anchors")
+        }
+        for name in PREDICTED
     }
     return {
         "schemes": schemes,
-        "ratio_vs_chain": {n: round(s["effective_ratio"] / chain, 3) if chain else None for n, s in schemes.items()},
+        "ratio_vs_chain": ratios,
         "predictor_per_step": pred,
     }
 

@@ -3,7 +3,8 @@
 For 2, 8 and 32 cut points at 512 and 2048 tokens on a small random Qwen3 model, times
 ``score_prefixes`` (packed: one prefill plus one packed forward; crop: cache extended cut by
 cut) and ``score_prefixes_naive`` (one forward per cut), each divided by the time of one plain
-forward over the full sequence. The ideal is about ``1 + cuts * (opener + answer) / L``.
+forward over the full sequence. The floor is about ``1 + cuts * (opener + answer - 1) / L``
+(tokens processed over tokens of one forward).
 
     python benchmarks/reference_scoring.py [--quick] [--out benchmarks/results/reference_scoring.json]
 """
@@ -26,14 +27,22 @@ from tracerl.models.scoring import score_prefixes, score_prefixes_naive
 OPENER, ANSWER = 4, 3  # "Action : answer [" and a three-token entity, as in the react format
 
 
-def small_model(vocab: int, hidden: int, layers: int, device: str) -> Any:
+# Qwen3-0.6B's shape (random weights: nothing is downloaded), for a GPU run with --preset.
+QWEN3_0_6B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                  head_dim=128, intermediate_size=3072, vocab_size=151936)
+
+
+def small_model(vocab: int, hidden: int, layers: int, device: str, preset: str = "small") -> Any:
     torch.manual_seed(0)
-    config = Qwen3Config(
+    shape = dict(
         vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=8,
         num_key_value_heads=4, head_dim=hidden // 8, intermediate_size=3 * hidden,
-        max_position_embeddings=4096, tie_word_embeddings=True,
     )
-    return AutoModelForCausalLM.from_config(config).to(device).eval()
+    if preset == "qwen3-0.6b":
+        shape = dict(QWEN3_0_6B)
+    config = Qwen3Config(**shape, max_position_embeddings=4096, tie_word_embeddings=True)
+    dtype = torch.bfloat16 if device.startswith("cuda") and preset != "small" else torch.float32
+    return AutoModelForCausalLM.from_config(config).to(device=device, dtype=dtype).eval()
 
 
 def _sync(device: str) -> None:
@@ -102,7 +111,7 @@ def run_case(model: Any, length: int, cuts: int, reps: int, device: str) -> dict
         "crop_ratio": round(crop / full, 3),
         "naive_ratio": round(naive_ratio, 3),
         "cached_ratio_vs_last_logit_forward": round(packed / body, 3),
-        "floor": round(1 + len(points) * (OPENER + ANSWER) / length, 3),
+        "floor": round(1 + len(points) * (OPENER + ANSWER - 1) / length, 3),  # tokens processed / L
         "forward_s": round(full, 5),
         "last_logit_forward_s": round(body, 5),
     }
@@ -116,6 +125,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--preset", default="small", choices=["small", "qwen3-0.6b"])
     parser.add_argument("--out", default="benchmarks/results/reference_scoring.json")
     args = parser.parse_args()
     if args.threads:
@@ -123,7 +133,7 @@ def main() -> None:
     hidden, layers = (128, 2) if args.quick else (args.hidden, args.layers)
     lengths = [512] if args.quick else [512, 2048]
     reps = 3 if args.quick else 7
-    model = small_model(args.vocab, hidden, layers, args.device)
+    model = small_model(args.vocab, hidden, layers, args.device, args.preset)
     params = sum(p.numel() for p in model.parameters())
     cases = []
     for length in lengths:
@@ -133,7 +143,8 @@ def main() -> None:
             cases.append(case)
     result = {
         "cases": cases,
-        "model": {"hidden": hidden, "layers": layers, "vocab": args.vocab, "parameters": params,
+        "model": {"preset": args.preset, "hidden": model.config.hidden_size, "layers": model.config.num_hidden_layers,
+                  "vocab": model.config.vocab_size, "parameters": params, "dtype": str(model.dtype),
                   "attn_implementation": model.config._attn_implementation},
         "opener_tokens": OPENER,
         "answer_tokens": ANSWER,

@@ -36,7 +36,7 @@ from tracerl.models.backend import HFPolicy
 from tracerl.rollout.engine import EngineConfig, RolloutCost, RolloutEngine
 
 
-def random_policy(texts: list[str], hidden: int, layers: int) -> HFPolicy:
+def random_policy(texts: list[str], hidden: int, layers: int, preset: str = "small") -> HFPolicy:
     """A word-level tokenizer over ``texts`` and a random Qwen3 model on it."""
     splitter = pre_tokenizers.Whitespace()
     vocab = {"<pad>": 0, "<unk>": 1, "<eos>": 2}
@@ -48,11 +48,13 @@ def random_policy(texts: list[str], hidden: int, layers: int) -> HFPolicy:
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", eos_token="<eos>")
     torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=hidden // 4, intermediate_size=3 * hidden,
-        max_position_embeddings=4096, tie_word_embeddings=True, eos_token_id=2, pad_token_id=0,
-    )
+    shape = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=hidden // 4, intermediate_size=3 * hidden)
+    if preset == "qwen3-0.6b":  # Qwen3-0.6B's body with random weights; vocabulary from the world
+        shape = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                     head_dim=128, intermediate_size=3072)
+    config = Qwen3Config(vocab_size=len(tokenizer), max_position_embeddings=4096, tie_word_embeddings=True,
+                         eos_token_id=2, pad_token_id=0, **shape)
     return HFPolicy(AutoModelForCausalLM.from_config(config).eval(), tokenizer)
 
 
@@ -87,6 +89,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: leave as is).")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--preset", default="small", choices=["small", "qwen3-0.6b"])
+    parser.add_argument("--no-prefix-cache", action="store_true", help="Disable the cross-call KV store.")
     parser.add_argument("--out", default="benchmarks/results/rollout_throughput.json")
     args = parser.parse_args()
     if args.threads:
@@ -100,8 +104,11 @@ def main() -> None:
     else:
         texts = [f"{d.title} {d.text}" for d in world.documents] + [t.question for t in world.train]
         texts.append("Thought: Action: search[ ] open[ ] answer[ ] Observation: Error: Valid actions: query title text , .")
-        policy = random_policy(texts, args.hidden, args.layers)
-        policy.model.to(args.device)
+        policy = random_policy(texts, args.hidden, args.layers, args.preset)
+        dtype = torch.bfloat16 if args.device.startswith("cuda") and args.preset != "small" else torch.float32
+        policy.model.to(device=args.device, dtype=dtype)
+    if args.no_prefix_cache:
+        policy.store = None
     params = sum(p.numel() for p in policy.model.parameters())
     index = SearchIndex(world.documents, use_cache=False)
     env = ToolEnvironment(search_tools(index, top_k=2, max_tokens=40), EnvConfig(max_turns=args.max_turns))
@@ -111,15 +118,20 @@ def main() -> None:
 
     engine = RolloutEngine(policy, env, fmt, exact_match, config)
     engine.rollout(tasks[:2], [2, 2], generator=gen)  # warm-up
+    stats0 = dict(policy.stats)
     (chains, chain_cost), chain_s = measure(lambda: engine.rollout(tasks, [args.leaves] * len(tasks), generator=gen))
+    stats1 = dict(policy.stats)
     (roots, root_cost), root_s = measure(lambda: engine.rollout(tasks, [args.roots] * len(tasks), generator=gen))
     requests = branch_requests(engine, roots, args.leaves - args.roots)
     branch_cost, branch_s = measure(lambda: engine.expand(requests, generator=gen))
+    stats2 = dict(policy.stats)
     tree_cost: RolloutCost = root_cost + branch_cost
 
-    def summary(cost: RolloutCost, seconds: float, trees: list[RolloutTree]) -> dict[str, float]:
+    def summary(cost: RolloutCost, seconds: float, trees: list[RolloutTree], before: dict, after: dict) -> dict:
         leaves = sum(len(t.leaves()) for t in trees)
         return {
+            "prefill_tokens": after["prefill_tokens"] - before["prefill_tokens"],
+            "reused_prefix_tokens": after["reused_prefix_tokens"] - before["reused_prefix_tokens"],
             "leaves": leaves,
             "rollouts": cost.rollouts,
             "generated_tokens": cost.generated_tokens,
@@ -130,8 +142,8 @@ def main() -> None:
             "mean_turns": round(sum(len(tr.turns) for t in trees for tr in t.trajectories.values()) / leaves, 2),
         }
 
-    chain_summary = summary(chain_cost, chain_s, chains)
-    tree_summary = summary(tree_cost, root_s + branch_s, roots)
+    chain_summary = summary(chain_cost, chain_s, chains, stats0, stats1)
+    tree_summary = summary(tree_cost, root_s + branch_s, roots, stats1, stats2)
     saved = 1 - tree_summary["generated_tokens_per_leaf"] / chain_summary["generated_tokens_per_leaf"]
     result = {
         "chains": chain_summary,
@@ -139,10 +151,12 @@ def main() -> None:
         "tokens_saved_per_leaf": round(chain_summary["generated_tokens_per_leaf"] - tree_summary["generated_tokens_per_leaf"], 2),
         "tokens_saved_fraction": round(saved, 3),
         "setup": {
-            "model": args.model or f"random Qwen3 hidden={args.hidden} layers={args.layers}",
+            "model": args.model or f"random Qwen3 preset={args.preset} hidden={policy.model.config.hidden_size} "
+            f"layers={policy.model.config.num_hidden_layers}",
             "parameters": params, "vocab": len(policy.tokenizer), "tasks": len(tasks),
             "leaves_per_task": args.leaves, "roots_per_task": args.roots, "max_turns": args.max_turns,
             "max_turn_tokens": args.turn_tokens, "device": args.device, "threads": torch.get_num_threads(),
+            "prefix_cache": not args.no_prefix_cache,
             "machine": platform.processor() or platform.machine(),
         },
     }

@@ -16,3 +16,9 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     cache = tmp_path_factory.getbasetemp() / "cache"
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     monkeypatch.setenv("HF_HOME", str(cache / "hf"))
+
+
+# Tiny models decode fastest on one thread; with two busy cores, two threads were 40x slower per step.
+import torch  # noqa: E402
+
+torch.set_num_threads(1)

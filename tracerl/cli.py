@@ -60,6 +60,24 @@ def env_check(
 # --- models (pretrain, eval) ----------------------------------------------------------------
 
 
+@app.command("pretrain")
+def pretrain(
+    out: str = typer.Option(None, "--out", help="Also copy the model to this folder."),
+    steps: int = typer.Option(None, help="Optimiser steps (default from the preset)."),
+    seed: int = typer.Option(None, help="Seed of data and initialisation (default 0)."),
+    preset: str = typer.Option("default", help="default (a few minutes on 2 CPU cores) or smoke (seconds)."),
+) -> None:
+    """Pretrain the embedded tiny base model (or reuse the cached one) and print its folder."""
+    from tracerl.models.tiny import pretrained_folder
+
+    try:
+        path = pretrained_folder(preset, out=out, steps=steps, seed=seed)
+    except (ValueError, OSError) as exc:
+        typer.echo(f"pretrain failed: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    typer.echo(str(path))
+
+
 @app.command("eval")
 def eval_model(
     model: str = typer.Option(..., help="Model folder (or hub name) loadable by AutoModelForCausalLM."),

@@ -100,7 +100,11 @@ def test_weighted_auc_hand_computed() -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([0.1, 0.3, 0.5, 0.7]), st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=8))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0.1, 0.3, 0.5, 0.7]), st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=8
+    )
+)
 def test_weighted_auc_matches_pairwise_loop(items: list[tuple[float, int, int]]) -> None:
     pos = [s for s, w, _ in items for _ in range(w)]
     neg = [s for s, _, f in items for _ in range(f)]

@@ -67,18 +67,32 @@ def test_same_seed_same_samples_and_seeds_differ(policy: HFPolicy) -> None:
 
 
 def test_identical_prefixes_are_prefilled_once(policy: HFPolicy) -> None:
-    """The prefill batch holds each distinct prefix once; decoding then runs every row."""
+    """Each distinct prefix is prefilled once (bucketed by length); decoding then runs every row."""
+    fresh = HFPolicy(policy.model, policy.tokenizer)  # empty prefix store
     seen: list[tuple[int, int]] = []
-    hook = policy.model.get_input_embeddings().register_forward_hook(
+    hook = fresh.model.get_input_embeddings().register_forward_hook(
         lambda module, args, out: seen.append(tuple(args[0].shape))
     )
-    p, q = policy.tokenizer.encode("Question: Who wrote Blue River?"), policy.tokenizer.encode("Action:")
+    p, q = fresh.tokenizer.encode("Question: Who wrote Blue River?"), fresh.tokenizer.encode("Action:")
+    assert len(p) > 2 * len(q)  # different length buckets
     try:
-        policy.generate([p, q, p, p], SamplingParams(max_new_tokens=3), torch.Generator().manual_seed(0))
+        fresh.generate([p, q, p, p], SamplingParams(max_new_tokens=3), torch.Generator().manual_seed(0))
     finally:
         hook.remove()
-    assert seen[0] == (2, len(p))  # prefill: two distinct prefixes, left-padded to the longest
-    assert seen[1] == (4, 1)  # first decode step: all four rows
+    assert sorted(seen[:2]) == sorted([(1, len(p)), (1, len(q))])  # prefill: one row per distinct prefix
+    assert seen[2] == (4, 1)  # first decode step: all four rows
+    assert fresh.stats["prefill_tokens"] == len(p) + len(q)
+    assert fresh.stats["reused_prefix_tokens"] == 2 * len(p)
+
+
+def test_stats_count_prefill_sharing_and_train_mode_survives() -> None:
+    tok = bpe_tokenizer()
+    policy = HFPolicy(tiny_model(len(tok)), tok)
+    policy.model.train()
+    gens = policy.generate([[5, 6, 7], [5, 6, 7], [8]], SamplingParams(max_new_tokens=3))
+    assert policy.stats["prefill_tokens"] == 4 and policy.stats["reused_prefix_tokens"] == 3
+    assert policy.stats["generated_tokens"] == sum(len(g.token_ids) for g in gens)
+    assert policy.model.training
 
 
 def test_stop_string_ends_row_at_first_occurrence(policy: HFPolicy) -> None:

@@ -68,8 +68,8 @@ def test_random_model_end_to_end(policy, env, world, tok) -> None:
     assert [len(t.leaves()) for t in trees] == [3, 2]
     assert cost.rollouts == 5
     assert cost.generated_tokens == sum(_new_assistant_tokens(t, 1) for t in trees)
-    for tree in trees:
-        assert tree.prompt_ids == tok.encode(FMT.render_prompt(tasks[0] if tree is trees[0] else tasks[1], env.tools))
+    for tree, task in zip(trees, tasks):
+        assert tree.prompt_ids == tok.encode(FMT.render_prompt(task, env.tools))
         for leaf, traj in tree.trajectories.items():
             assert traj.group_id == tree.tree_id and traj.node_path == tree.path(leaf)
             assert traj.token_ids == tree.prefix_ids(leaf)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "allocation"))
 from alloc_trees import add_chain, answer_turn, tool_turn  # noqa: E402
@@ -193,3 +195,13 @@ def test_bad_requests_fail_clearly(setup) -> None:
         SchemeConfig(trace_min_per_prompt=3, trace_max_per_prompt=2)
     with pytest.raises(ValueError, match="budget"):
         get_scheme("trace").collect(engine, w.train, 0)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(budget=st.integers(8, 40), fraction=st.sampled_from([0.25, 0.5, 1.0]), cap=st.sampled_from([None, 2, 3]))
+def test_any_budget_is_spent_exactly(setup, budget: int, fraction: float, cap: int | None) -> None:
+    w, engine = setup
+    cfg = SchemeConfig(trace_stage1_fraction=fraction, trace_max_per_prompt=cap, trace_rounds=2)
+    for name in ("tree_random", "trace"):
+        result = get_scheme(name, cfg).collect(engine, w.train, budget, _gen(budget))
+        assert result.cost.rollouts == budget == sum(len(t.leaves()) for t in result.trees)

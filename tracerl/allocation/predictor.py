@@ -189,7 +189,9 @@ class SuccessPredictor:
         return self.predict_nodes(trees, [0] * len(trees))
 
     # ----------------------------------------------------------------- training
-    def _step_nodes(self, trees: Sequence[RolloutTree]) -> tuple[list[RolloutTree], list[int], Tensor, Tensor, list[int], list[int]]:
+    def _step_nodes(
+        self, trees: Sequence[RolloutTree]
+    ) -> tuple[list[RolloutTree], list[int], Tensor, Tensor, list[int], list[int]]:
         """The step's trainable nodes with targets ``Vhat``, visit weights and leaf outcome counts."""
         sel_trees: list[RolloutTree] = []
         sel_ids: list[int] = []

@@ -18,11 +18,20 @@ Conventions (shared with pretraining and the trainer):
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
+
+from tracerl.models.prefix_cache import (
+    KVEntry,
+    PrefixKVStore,
+    forward_with_cache,
+    left_pad,
+    new_cache,
+    output_cache,
+    plain_dynamic,
+)
 
 FinishReason = Literal["stop", "eos", "length"]
 
@@ -86,41 +95,6 @@ def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     return ([int(bos)] if bos is not None else []) + list(ids)
 
 
-def forward_with_cache(model: Any, input_ids: torch.Tensor, cache: Any, **kwargs: Any) -> Any:
-    """Call ``model`` with a KV cache under the keyword the installed transformers expects.
-
-    transformers 5.x renamed ``past_key_values`` to ``cache`` (the old name warns until 5.40).
-    """
-    key = _cache_kwarg(model)
-    out = model(input_ids=input_ids, use_cache=True, **{key: cache}, **kwargs)
-    return out
-
-
-def output_cache(out: Any) -> Any:
-    """The updated cache of a model output, under either attribute name."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else getattr(out, "past_key_values", None)
-
-
-def _cache_kwarg(model: Any) -> str:
-    key = getattr(model, "_tracerl_cache_kwarg", None)
-    if key is None:
-        params = inspect.signature(model.forward).parameters
-        key = "cache" if "cache" in params else "past_key_values"
-        try:
-            model._tracerl_cache_kwarg = key
-        except AttributeError:  # pragma: no cover - exotic wrappers without attribute assignment
-            pass
-    return key
-
-
-def new_cache(model: Any) -> Any:
-    """An empty dynamic KV cache for ``model`` (croppable and batch-indexable)."""
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
-
-
 def sample_next(
     logits: torch.Tensor,
     temperature: float,
@@ -172,18 +146,30 @@ class _StopChecker:
 class HFPolicy:
     """A Hugging Face causal LM as a :class:`PolicyBackend`.
 
-    Prefix reuse: identical prefixes within one ``generate`` call are prefilled once and their
-    KV-cache rows repeated, so ``n`` continuations of one stored boundary (or ``n`` chains of
-    one prompt) cost one prefill.
+    Prefix reuse, two levels:
+
+    - within one call, identical prefixes are prefilled once and their KV-cache rows repeated,
+      so ``n`` continuations of one stored boundary (or ``n`` chains of one prompt) cost one
+      prefill;
+    - across calls, a :class:`~tracerl.models.prefix_cache.PrefixKVStore` keeps every finished
+      row's KV (up to ``prefix_cache_bytes``), so the next turn of an episode, or a branch
+      from a boundary of an earlier chain, prefills only the tokens after the longest stored
+      prefix (typically the observation). It is cleared whenever the weights change.
+
+    ``stats`` counts ``prefill_tokens`` (computed), ``reused_prefix_tokens`` (skipped thanks to
+    either level) and ``generated_tokens``.
     """
 
-    def __init__(self, model: Any, tokenizer: Any) -> None:
+    def __init__(self, model: Any, tokenizer: Any, prefix_cache_bytes: int = 256 * 2**20) -> None:
         self.model = model
         self.tokenizer = tokenizer
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_token_id: int | None = int(eos) if eos is not None else None
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id: int = int(pad) if pad is not None else (self.eos_token_id or 0)
+        self.store: PrefixKVStore | None = PrefixKVStore(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self._weights_version: int | None = None
+        self.stats: dict[str, int] = {"prefill_tokens": 0, "reused_prefix_tokens": 0, "generated_tokens": 0}
 
     @classmethod
     def from_pretrained(
@@ -191,6 +177,7 @@ class HFPolicy:
         path_or_name: str,
         dtype: torch.dtype | str = "auto",
         device: str | torch.device = "cpu",
+        prefix_cache_bytes: int = 256 * 2**20,
     ) -> HFPolicy:
         """Load a model and tokenizer from a local folder or hub name (``HF_HUB_OFFLINE`` applies)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -198,11 +185,23 @@ class HFPolicy:
         tokenizer = AutoTokenizer.from_pretrained(path_or_name)
         model = AutoModelForCausalLM.from_pretrained(path_or_name, dtype=dtype).to(device)
         model.eval()
-        return cls(model, tokenizer)
+        return cls(model, tokenizer, prefix_cache_bytes)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def clear_prefix_cache(self) -> None:
+        """Drop all stored KV (done automatically when parameters change in place)."""
+        if self.store is not None:
+            self.store.clear()
+
+    def _check_weights(self) -> None:
+        # Every in-place update (optimiser step, load_state_dict, no_grad edits) bumps a version.
+        version = sum(p._version for p in self.model.parameters())
+        if version != self._weights_version:
+            self.clear_prefix_cache()
+            self._weights_version = version
 
     @torch.no_grad()
     def generate(
@@ -216,40 +215,108 @@ class HFPolicy:
             return []
         if any(len(p) == 0 for p in prefixes):
             raise ValueError("every prefix must hold at least one token")
+        self._check_weights()
         unique: dict[tuple[int, ...], int] = {}
         row_to_unique = [unique.setdefault(tuple(p), len(unique)) for p in prefixes]
-        logits, cache, mask, positions = self._prefill([list(p) for p in unique])
-        index = torch.tensor(row_to_unique, device=logits.device)
-        if len(unique) < len(prefixes):
-            cache.batch_select_indices(index)  # repeat the shared prefix rows
-        return self._decode(logits[index], cache, mask[index], positions[index], params, generator)
+        seqs = [list(p) for p in unique]
+        hits = [self.store.lookup(p) if self.store is not None else (None, 0) for p in seqs]
+        computed = sum(len(p) - k for p, (_, k) in zip(seqs, hits))
+        self.stats["prefill_tokens"] += computed
+        self.stats["reused_prefix_tokens"] += sum(len(p) for p in prefixes) - computed
+        was_training = self.model.training
+        self.model.eval()  # sampling must not see dropout even when the trainer left train mode on
+        try:
+            logits, cache, mask = self._prefill(seqs, hits)
+            index = torch.tensor(row_to_unique, device=logits.device)
+            if len(unique) < len(prefixes):
+                cache.batch_select_indices(index)  # repeat the shared prefix rows
+            rows = [(seqs[u], hits[u][0]) for u in row_to_unique]
+            gens = self._decode(logits[index], cache, mask[index], rows, params, generator)
+        finally:
+            self.model.train(was_training)
+        self.stats["generated_tokens"] += sum(len(g.token_ids) for g in gens)
+        return gens
+
+    # --- prefill ---------------------------------------------------------------------------
 
     def _prefill(
-        self, prefixes: list[list[int]]
-    ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
-        """Left-padded prefill; returns last logits [U, V], cache, mask [U, Lmax], next positions [U]."""
+        self, seqs: list[list[int]], hits: list[tuple[KVEntry | None, int]]
+    ) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """Prefill the uncached suffixes; returns last logits [U, V], cache and mask [U, W].
+
+        Rows are bucketed by suffix length (within a factor 2) so one long new prompt does not
+        pad every short observation suffix to its length; buckets are merged by left padding.
+        """
+        order = sorted(range(len(seqs)), key=lambda i: -(len(seqs[i]) - hits[i][1]))
+        buckets: list[list[int]] = []
+        for i in order:
+            if buckets and 2 * (len(seqs[i]) - hits[i][1]) >= len(seqs[buckets[-1][0]]) - hits[buckets[-1][0]][1]:
+                buckets[-1].append(i)
+            else:
+                buckets.append([i])
+        parts = [self._prefill_bucket([seqs[i] for i in b], [hits[i] for i in b]) for b in buckets]
+        flat = [i for b in buckets for i in b]
+        inverse = torch.empty(len(flat), dtype=torch.long)
+        inverse[torch.tensor(flat)] = torch.arange(len(flat))
+        inverse = inverse.to(parts[0][0].device)
+        if len(parts) == 1:
+            logits, cache, mask = parts[0]
+            if flat != sorted(flat):
+                cache.batch_select_indices(inverse)
+            return logits[inverse], cache, mask[inverse]
+        width = max(m.shape[1] for _, _, m in parts)
+        merged = new_cache(self.model)
+        for layer in range(len(parts[0][1].layers)):
+            keys = [left_pad(c.layers[layer].keys, width, dim=2) for _, c, _ in parts]
+            values = [left_pad(c.layers[layer].values, width, dim=2) for _, c, _ in parts]
+            merged.update(torch.cat(keys)[inverse], torch.cat(values)[inverse], layer)
+        mask = torch.cat([left_pad(m, width, dim=1) for _, _, m in parts])[inverse]
+        logits = torch.cat([lg for lg, _, _ in parts])[inverse]
+        return logits, merged, mask
+
+    def _prefill_bucket(
+        self, seqs: list[list[int]], hits: list[tuple[KVEntry | None, int]]
+    ) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """Row layout: [pad][stored KV c_r][pad][suffix s_r], suffixes right-aligned."""
         device = self.device
-        width = max(len(p) for p in prefixes)
-        ids = torch.full((len(prefixes), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prefixes), width), dtype=torch.long)
-        for row, p in enumerate(prefixes):
-            ids[row, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[row, width - len(p) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        # Explicit positions so a left-padded row sees the same positions as an unpadded one.
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        rows = len(seqs)
+        cached = max(k for _, k in hits)
+        width = max(len(p) - k for p, (_, k) in zip(seqs, hits))
         cache = new_cache(self.model)
+        if cached > 0:
+            sample = next(e for e, k in hits if k > 0).layers  # type: ignore[union-attr]
+            for layer, (k0, _) in enumerate(sample):
+                keys = k0.new_zeros((rows, k0.shape[0], cached, k0.shape[2]))
+                values = torch.zeros_like(keys)
+                for r, (entry, k) in enumerate(hits):
+                    if k > 0:
+                        keys[r, :, cached - k :] = entry.layers[layer][0][:, :k]  # type: ignore[union-attr]
+                        values[r, :, cached - k :] = entry.layers[layer][1][:, :k]  # type: ignore[union-attr]
+                cache.update(keys, values, layer)
+        ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((rows, cached + width), dtype=torch.long)
+        positions = torch.zeros((rows, width), dtype=torch.long)
+        for r, (seq, (_, k)) in enumerate(zip(seqs, hits)):
+            suffix = len(seq) - k
+            ids[r, width - suffix :] = torch.tensor(seq[k:], dtype=torch.long)
+            mask[r, cached - k : cached] = 1
+            mask[r, cached + width - suffix :] = 1
+            # Explicit positions: a padded row sees the same positions as an unpadded one.
+            positions[r, width - suffix :] = torch.arange(k, len(seq))
+        ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
         out = forward_with_cache(
-            self.model, ids, cache, attention_mask=mask, position_ids=position_ids, logits_to_keep=1
+            self.model, ids, cache, attention_mask=mask, position_ids=positions, logits_to_keep=1
         )
-        return out.logits[:, -1, :], output_cache(out), mask, mask.sum(-1)
+        return out.logits[:, -1, :], output_cache(out), mask
+
+    # --- decode ----------------------------------------------------------------------------
 
     def _decode(
         self,
         logits: torch.Tensor,
         cache: Any,
         mask: torch.Tensor,
-        positions: torch.Tensor,
+        rows: list[tuple[list[int], KVEntry | None]],
         params: SamplingParams,
         generator: torch.Generator | None,
     ) -> list[Generation]:
@@ -258,6 +325,7 @@ class HFPolicy:
         logprobs: list[list[float]] = [[] for _ in range(batch)]
         reasons: list[FinishReason] = ["length"] * batch
         live = list(range(batch))  # original row index of each cache row
+        positions = torch.tensor([len(seq) for seq, _ in rows], device=logits.device)
         checker = _StopChecker(self.tokenizer, params.stop_strings)
         for step in range(params.max_new_tokens):
             next_tok, next_lp = sample_next(logits, params.temperature, params.top_p, generator)
@@ -275,6 +343,9 @@ class HFPolicy:
             if not keep or step == params.max_new_tokens - 1:
                 break
             if len(keep) < len(live):  # drop finished rows so they cost nothing further
+                kept = set(keep)
+                done = [slot for slot in range(len(live)) if slot not in kept]
+                self._remember(cache, mask, [(live[s], s) for s in done], rows, tokens)
                 sel = torch.tensor(keep, device=logits.device)
                 cache.batch_select_indices(sel)
                 mask, positions, next_tok = mask[sel], positions[sel], next_tok[sel]
@@ -288,6 +359,7 @@ class HFPolicy:
                 position_ids=positions[:, None],
             )
             cache, logits, positions = output_cache(out), out.logits[:, -1, :], positions + 1
+        self._remember(cache, mask, [(row, slot) for slot, row in enumerate(live)], rows, tokens)
         return [
             Generation(
                 token_ids=tokens[row],
@@ -297,3 +369,23 @@ class HFPolicy:
             )
             for row in range(batch)
         ]
+
+    def _remember(
+        self,
+        cache: Any,
+        mask: torch.Tensor,
+        finished: list[tuple[int, int]],
+        rows: list[tuple[list[int], KVEntry | None]],
+        tokens: list[list[int]],
+    ) -> None:
+        """Copy finished rows' KV (prefix + generated tokens but the last) into the store."""
+        if self.store is None or not finished or not plain_dynamic(cache):
+            return
+        for row, slot in finished:
+            seq, extends = rows[row]
+            key = tuple(seq + tokens[row][:-1])
+            cols = mask[slot].nonzero().squeeze(-1)
+            if cols.numel() != len(key):  # layout mismatch: never store something unverifiable
+                continue
+            layers = [(lay.keys[slot][:, cols], lay.values[slot][:, cols]) for lay in cache.layers]
+            self.store.add(key, layers, register=(len(seq),), extends=extends)

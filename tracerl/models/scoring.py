@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 
 from tracerl.core.types import Action, Task, Trajectory
-from tracerl.models.backend import forward_with_cache, new_cache, output_cache
+from tracerl.models.prefix_cache import forward_with_cache, new_cache, output_cache
 
 Method = Literal["packed", "crop"]
 _MASKABLE = ("sdpa", "eager")

@@ -25,14 +25,17 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers.utils import logging as hf_logging
 
 from tracerl.agent.formats import get_format
+from tracerl.envs.synthwiki import WorldConfig
 from tracerl.models.tiny_config import PRESETS, TinyModelConfig, get_preset
 from tracerl.models.tiny_data import (
     ExplorerConfig,
@@ -48,7 +51,8 @@ from tracerl.models.tiny_train import TrainLog, train_causal_lm
 
 __all__ = [
     "PRESETS", "ExplorerConfig", "TinyModelConfig", "build_tiny_tokenizer", "count_parameters",
-    "get_preset", "load_or_pretrain", "pretrain_tiny_model", "random_tiny_model", "tiny_qwen3_config",
+    "get_preset", "load_or_pretrain", "pretrain_tiny_model", "pretrained_folder", "random_tiny_model",
+    "tiny_qwen3_config", "tokenizer_for_world",
 ]
 
 PAD, UNK, EOS = "<pad>", "<unk>", "<eos>"
@@ -85,11 +89,19 @@ def build_tiny_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(unk_token=UNK))
     _word_level_pipeline(tok)
     trainer = trainers.WordLevelTrainer(special_tokens=[PAD, UNK, EOS], min_frequency=1, show_progress=False)
-    tok.train_from_iterator(texts, trainer)
+    # Each word also on a line of its own, so it exists without a leading space too (as it is
+    # written after "[" or at a line start), not only in the "▁word" form of running text.
+    tok.train_from_iterator(list(texts) + [t.replace(" ", "\n") for t in texts], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, unk_token=UNK, eos_token=EOS,
                                    clean_up_tokenization_spaces=False)
     fast.chat_template = CHAT_TEMPLATE
     return fast
+
+
+def tokenizer_for_world(world: WorldConfig, format_name: str = "react") -> PreTrainedTokenizerFast:
+    """The tokenizer :func:`pretrain_tiny_model` builds for worlds named like ``world``
+    (every entity name, template word and fixed string of the format is in its vocabulary)."""
+    return build_tiny_tokenizer(vocabulary_texts(world, get_format(format_name)))
 
 
 # --- model --------------------------------------------------------------------------------------
@@ -119,6 +131,10 @@ def random_tiny_model(tokenizer: Any, config: TinyModelConfig | None = None) -> 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         model = Qwen3ForCausalLM(tiny_qwen3_config(tokenizer, config))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.fill_(config.qk_norm_init)
+            layer.self_attn.k_norm.weight.fill_(config.qk_norm_init)
     return model
 
 
@@ -166,7 +182,7 @@ def pretrain_tiny_model(config: TinyModelConfig | None = None, out_dir: str | Pa
     config = config or PRESETS["default"]
     out = Path(out_dir)
     start = _now()
-    tokenizer = build_tiny_tokenizer(vocabulary_texts(config.world, get_format("react")))
+    tokenizer = tokenizer_for_world(config.world)
     samples, stats = pretraining_samples(config, tokenizer)
     data_seconds = _now() - start
     if progress:
@@ -175,7 +191,13 @@ def pretrain_tiny_model(config: TinyModelConfig | None = None, out_dir: str | Pa
     model = random_tiny_model(tokenizer, config)
     log: TrainLog = train_causal_lm(model, samples, config, int(tokenizer.pad_token_id), progress=progress)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar in the middle of a demo
+    try:
+        model.save_pretrained(out)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(out)
     (out / "tiny_config.json").write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
     record = {"parameters": count_parameters(model), "vocab_size": len(tokenizer), **stats,
@@ -226,3 +248,28 @@ def load_or_pretrain(config: TinyModelConfig | None = None, cache_dir: str | Pat
     return final
 
 
+
+
+def pretrained_folder(preset: str = "default", out: str | Path | None = None, steps: int | None = None,
+                      seed: int | None = None, cache_dir: str | Path | None = None,
+                      progress: bool = True) -> Path:
+    """What ``tracerl pretrain`` does: the cached model of a preset (with overrides).
+
+    With ``out`` the cached folder is also copied there (an existing ``out`` must hold the
+    same model or be empty).
+    """
+    changes = {k: v for k, v in (("steps", steps), ("seed", seed)) if v is not None}
+    config = replace(get_preset(preset), **changes)
+    cached = load_or_pretrain(config, cache_dir=cache_dir, progress=progress)
+    if out is None:
+        return cached
+    target = Path(out)
+    marker = target / "tiny_config.json"
+    if marker.exists():
+        if TinyModelConfig.from_dict(json.loads(marker.read_text())) != config:
+            raise ValueError(f"--out {target} already holds a tiny model with another config")
+        return target
+    if target.exists() and any(target.iterdir()):
+        raise ValueError(f"--out {target} exists and is not empty")
+    shutil.copytree(cached, target, dirs_exist_ok=True)
+    return target

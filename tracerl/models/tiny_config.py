@@ -26,6 +26,10 @@ class TinyModelConfig:
     head_dim: int = 32
     intermediate_size: int = 384
     max_position_embeddings: int = 2048
+    qk_norm_init: float = 1.0
+    """Initial weight of Qwen3's per-head q/k RMSNorms. Normed queries and keys cap attention
+    logits near ``sqrt(head_dim) * w**2``; a larger start lets heads attend sharply (copy one
+    name out of hundreds of tokens) early in a short pretraining."""
     """RoPE range; the rollout engine's default ``max_total_tokens`` is 2048."""
     # --- data ---
     world: WorldConfig = field(default_factory=WorldConfig)
@@ -45,7 +49,10 @@ class TinyModelConfig:
     """Episode tokens with loss: ``all`` or ``assistant`` (documents always train on all)."""
     # --- optimisation ---
     steps: int = 700
-    batch_size: int = 12
+    batch_size: int = 6
+    """Packed rows per optimiser step."""
+    seq_len: int = 512
+    """Tokens per packed row (longer samples are cut; default episodes stay under it)."""
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 30
@@ -58,7 +65,7 @@ class TinyModelConfig:
     def __post_init__(self) -> None:
         positive = ("hidden_size", "num_layers", "num_heads", "head_dim", "intermediate_size",
                     "max_position_embeddings", "num_worlds", "episodes_per_world", "docs_per_row",
-                    "max_turns", "steps", "batch_size")
+                    "max_turns", "steps", "batch_size", "seq_len")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -76,6 +83,8 @@ class TinyModelConfig:
             raise ValueError(f"TinyModelConfig.loss_on must be 'all' or 'assistant', got {self.loss_on!r}")
         if self.precision not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"TinyModelConfig.precision must be auto, float32 or bfloat16, got {self.precision!r}")
+        if not self.qk_norm_init > 0:
+            raise ValueError(f"TinyModelConfig.qk_norm_init must be > 0, got {self.qk_norm_init}")
         if not self.lr > 0:
             raise ValueError(f"TinyModelConfig.lr must be > 0, got {self.lr}")
         if not 0 <= self.min_lr_ratio <= 1:
@@ -137,7 +146,7 @@ PRESETS: dict[str, TinyModelConfig] = {
     "smoke": TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, head_dim=16, intermediate_size=64,
                              max_position_embeddings=512, world=SMOKE_WORLD, num_worlds=3,
                              episodes_per_world=8, doc_rows_per_world=2, docs_per_row=3, steps=8,
-                             batch_size=4, warmup_steps=2, lr=1e-2, precision="float32"),
+                             batch_size=2, seq_len=256, warmup_steps=2, lr=1e-2, precision="float32"),
 }
 
 

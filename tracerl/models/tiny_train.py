@@ -1,9 +1,8 @@
 """The plain PyTorch pretraining loop of the tiny base model (AdamW, warmup + cosine LR).
 
-Rows are whole episodes or document rows (never cut mid-episode, so every assistant turn
-sees its prompt), padded on the right per batch. Logits are computed only where a token
-carries loss, which saves the LM head on padding (and on observations with
-``loss_on="assistant"``).
+Samples (whole episodes or document rows) are packed into rows of ``seq_len`` tokens with
+positions restarting per sample, so each sample attends only to itself (as at inference)
+and every batch has the same shape (CPU kernels, bf16 ones especially, are built per shape).
 """
 
 from __future__ import annotations
@@ -44,36 +43,63 @@ def lr_at(step: int, config: TinyModelConfig) -> float:
     return config.lr * ratio
 
 
-def collate(rows: list[Sample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(input_ids [B, L], attention_mask [B, L], labels [B, L])``; labels are -100 without loss.
+def pack_rows(lengths: list[int], order: list[int], seq_len: int, window: int = 16) -> list[list[int]]:
+    """First-fit packing of samples (in ``order``) into rows of at most ``seq_len`` tokens.
 
-    ``labels[b, t]`` is the target for position ``t`` (already shifted: the token at ``t + 1``).
+    Only the last ``window`` rows stay open, which keeps packing linear in the sample count.
+    Returns the sample indices of each row; a sample longer than ``seq_len`` is cut by
+    :func:`collate`.
     """
-    width = max(len(r.ids) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), width), dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in order:
+        need = min(lengths[i], seq_len)
+        first = max(0, len(rows) - window)
+        slot = next((r for r in range(first, len(rows)) if free[r] >= need), None)
+        if slot is None:
+            rows.append([i])
+            free.append(seq_len - need)
+        else:
+            rows[slot].append(i)
+            free[slot] -= need
+    return rows
+
+
+def collate(rows: list[list[Sample]], seq_len: int, pad_id: int
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input_ids, position_ids, labels)``, each ``[len(rows), seq_len]``.
+
+    Samples packed in one row restart their positions at 0; transformers then builds a
+    block-diagonal causal mask, so each sample sees only itself, exactly as at inference.
+    ``labels[b, t]`` is the target at position ``t`` (the next token), -100 where no loss.
+    A fixed shape keeps CPU kernels from being rebuilt every step.
+    """
+    ids = torch.full((len(rows), seq_len), pad_id, dtype=torch.long)
+    pos = torch.zeros((len(rows), seq_len), dtype=torch.long)
+    labels = torch.full((len(rows), seq_len), -100, dtype=torch.long)
     for b, row in enumerate(rows):
-        n = len(row.ids)
-        ids[b, :n] = torch.tensor(row.ids, dtype=torch.long)
-        attn[b, :n] = 1
-        targets = torch.tensor(row.ids[1:], dtype=torch.long)
-        keep = torch.tensor(row.loss_mask[1:], dtype=torch.bool)
-        labels[b, : n - 1] = torch.where(keep, targets, torch.full_like(targets, -100))
-    return ids, attn, labels
+        at = 0
+        for sample in row:
+            n = min(len(sample.ids), seq_len - at)
+            chunk = torch.tensor(sample.ids[:n], dtype=torch.long)
+            ids[b, at : at + n] = chunk
+            pos[b, at : at + n] = torch.arange(n)
+            keep = torch.tensor(sample.loss_mask[1:n], dtype=torch.bool)
+            labels[b, at : at + n - 1] = torch.where(keep, chunk[1:], torch.full_like(chunk[1:], -100))
+            at += n
+        pos[b, at:] = torch.arange(seq_len - at)  # the padding tail is a sequence of its own
+    return ids, pos, labels
 
 
-def batch_loss(model: Any, ids: torch.Tensor, attn: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the positions with a label (LM head applied there only)."""
-    hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state
-    where = labels != -100
-    logits = model.lm_head(hidden[where])
-    return F.cross_entropy(logits.float(), labels[where])
+def batch_loss(model: Any, ids: torch.Tensor, pos: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the positions with a label."""
+    logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
 
 
 def train_causal_lm(model: Any, samples: list[Sample], config: TinyModelConfig, pad_id: int,
                     progress: bool = True) -> TrainLog:
-    """Train ``model`` in place for ``config.steps`` steps of ``config.batch_size`` rows."""
+    """Train ``model`` in place for ``config.steps`` steps of ``config.batch_size`` packed rows."""
     if not samples:
         raise ValueError("train_causal_lm needs at least one sample")
     rng = random.Random(f"tiny-batches:{config.seed}")
@@ -84,27 +110,28 @@ def train_causal_lm(model: Any, samples: list[Sample], config: TinyModelConfig, 
                                {"params": no_decay, "weight_decay": 0.0}],
                               lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
     log = TrainLog(precision=precision)
-    order: list[int] = []
+    lengths = [len(s.ids) for s in samples]
+    queue: list[list[int]] = []
     start = time.perf_counter()
     model.train()
     for step in range(config.steps):
-        if len(order) < config.batch_size:
-            fresh = list(range(len(samples)))
-            rng.shuffle(fresh)
-            order += fresh
-        rows = [samples[i] for i in order[: config.batch_size]]
-        del order[: config.batch_size]
-        ids, attn, labels = collate(rows, pad_id)
+        while len(queue) < config.batch_size:  # a new epoch: reshuffle and repack
+            order = list(range(len(samples)))
+            rng.shuffle(order)
+            queue += pack_rows(lengths, order, config.seq_len)
+        rows = [[samples[i] for i in row] for row in queue[: config.batch_size]]
+        del queue[: config.batch_size]
+        ids, pos, labels = collate(rows, config.seq_len, pad_id)
         for group in optim.param_groups:
             group["lr"] = lr_at(step, config)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
-            loss = batch_loss(model, ids, attn, labels)
+            loss = batch_loss(model, ids, pos, labels)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optim.step()
         log.losses.append(float(loss.detach()))
-        log.tokens += int(attn.sum())
+        log.tokens += sum(min(len(x.ids), config.seq_len) for row in rows for x in row)
         if progress and (step % 50 == 0 or step == config.steps - 1):
             elapsed = time.perf_counter() - start
             print(f"pretrain step {step + 1}/{config.steps} loss {log.losses[-1]:.3f} "

@@ -31,7 +31,6 @@ import torch
 from tracerl.core.allocation import allocate_prefixes, allocate_roots, root_value
 from tracerl.core.types import RolloutTree, Task, Trajectory
 from tracerl.models.backend import encode_prompt
-
 from tracerl.rollout.engine import RolloutCost
 
 if TYPE_CHECKING:
@@ -456,17 +455,37 @@ class TraceScheme:
         return self.predictor.predict_nodes(trees, node_ids)
 
     def _root_counts(self, values: Sequence[float], stage1: int) -> list[int]:
+        """Stage-1 counts spending ``stage1``, or the most below it that the bounds allow.
+
+        (Only odd corners need less, e.g. ``min == max == 2`` and an odd ``stage1``; the rest then
+        goes to stage 2.)
+        """
+        constant = max(values) - min(values) <= 1e-9
+        for spend in range(stage1, self.config.trace_min_per_prompt - 1, -1):
+            counts = self._uniform_counts(len(values), spend) if constant else self._optimal_counts(values, spend)
+            if counts is not None:
+                return counts
+        raise ValueError(f"trace: no stage-1 allocation of at most {stage1} rollouts fits the per-prompt bounds")
+
+    def _optimal_counts(self, values: Sequence[float], spend: int) -> list[int] | None:
         cfg = self.config
-        if max(values) - min(values) > 1e-9:
+        try:
             return allocate_roots(
-                values, stage1, min_per_prompt=cfg.trace_min_per_prompt, max_per_prompt=cfg.trace_max_per_prompt
+                values, spend, min_per_prompt=cfg.trace_min_per_prompt, max_per_prompt=cfg.trace_max_per_prompt
             )
-        # Uninformative predictor: uniform groups of about group_size within the bounds.
+        except ValueError:
+            return None
+
+    def _uniform_counts(self, prompts: int, spend: int) -> list[int] | None:
+        """Uninformative predictor: groups of about ``group_size`` on the first prompts."""
+        cfg = self.config
         cap = cfg.trace_max_per_prompt
-        k = max(1, stage1 // cfg.group_size, math.ceil(stage1 / cap) if cap else 1)
-        k = min(k, len(values), stage1 // cfg.trace_min_per_prompt)
-        base, extra = divmod(stage1, k)
-        return [base + 1] * extra + [base] * (k - extra) + [0] * (len(values) - k)
+        k = max(1, spend // cfg.group_size, math.ceil(spend / cap) if cap else 1)
+        k = min(k, prompts, spend // cfg.trace_min_per_prompt)
+        base, extra = divmod(spend, k)
+        if cap is not None and base + (extra > 0) > cap:
+            return None
+        return [base + 1] * extra + [base] * (k - extra) + [0] * (prompts - k)
 
     def _anchors(self, trees: Sequence[RolloutTree], since: Sequence[int]) -> list[tuple[int, int, float]]:
         """(tree index, node id, observed reward of the one rollout through it) per new boundary."""

@@ -223,7 +223,7 @@ SMOKE: dict[str, Any] = {
         "train_worlds": 2,
         "world": asdict(SMOKE_WORLD),  # the world the smoke tiny model knows
     },
-    "rollout": {"budget": 16, "pool_size": 6, "engine": {"max_turns": 3, "max_turn_tokens": 12, "max_total_tokens": 384},
+    "rollout": {"budget": 16, "pool_size": 6, "engine": {"max_turns": 5, "max_turn_tokens": 16, "max_total_tokens": 512},
                 "schemes": {"group_size": 4, "tree_initial": 2, "tree_rounds": 1, "tree_expand_nodes": 2,
                             "tree_continuations": 1}},
     "optim": {"micro_batch_size": 8},
