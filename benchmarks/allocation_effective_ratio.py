@@ -5,10 +5,11 @@ often does a scheme's batch hold prompts whose group mixes success and failure (
 ratio, spec section 1), at the same number of continuation rollouts per step? And how well does
 the shared success predictor rank held-out prefixes as it sees more steps?
 
-Setup: one SynthWiki world the tiny model never saw (fact seed 1; the model was pretrained on
-fact seeds 1,000,000+), its training questions cycled as the prompt pool (``--tasks`` of them,
-so prompts recur across steps as in multi-epoch training), ``--pool`` prompts offered per step,
-``--budget`` continuation rollouts per step. Every scheme sees the same pools and the same seed.
+Setup: one SynthWiki world the tiny model never saw (its own world sizes and names from
+``tiny_config.json``, fact seed 1; it was pretrained on fact seeds 1,000,000+), whose training
+questions are cycled as the prompt pool (``--tasks`` of them, so prompts recur across steps as
+in multi-epoch training), ``--pool`` prompts offered per step, ``--budget`` continuation
+rollouts per step. Every scheme sees the same pools and the same seed.
 Schemes: chain, dapo, tree_random, ``trace_uniform`` (trace without a predictor: the paper's
 uniform+uniform ablation), ``trace`` (predictor on history features) and ``trace_ready`` (the
 same plus the frozen reference's readiness l_k/V_k, as when TRACE credit is on). Each trace
@@ -27,6 +28,7 @@ import copy
 import json
 import statistics
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +53,7 @@ SCHEMES = ("chain", "dapo", "tree_random", "trace_uniform", "trace", "trace_read
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="2 seeds x 5 steps (a couple of minutes)")
+    p.add_argument("--quick", action="store_true", help="2 seeds x 3 steps, budget 32, pool 8 (a few minutes)")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--budget", type=int, default=64, help="continuation rollouts per step")
@@ -60,11 +62,15 @@ def _args() -> argparse.Namespace:
     p.add_argument("--tasks", type=int, default=64, help="training prompts cycled through")
     p.add_argument("--heldout", type=int, default=24, help="held-out prompts for the predictor's AUC")
     p.add_argument("--preset", default="default", help="tiny model preset")
+    p.add_argument("--fact-seed", type=int, default=1, help="world facts (unseen by the model)")
     p.add_argument("--model", default="", help="a model folder instead of the tiny model")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads; 1 is fastest for the tiny model (several threads on a busy "
+                        "2-core machine made a step 6-60x slower)")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args()
     if args.quick:
-        args.seeds, args.steps = 2, 5
+        args.seeds, args.steps, args.budget, args.pool = 2, 3, 32, 8
     return args
 
 
@@ -76,6 +82,18 @@ def _policy(args: argparse.Namespace) -> tuple[HFPolicy, str]:
 
         path = str(load_or_pretrain(get_preset(args.preset)))
     return HFPolicy.from_pretrained(path, dtype=torch.float32), path
+
+
+def _world_config(model_dir: str, fact_seed: int) -> WorldConfig:
+    """The tiny model's own world sizes and names (``tiny_config.json``) with an unseen fact seed."""
+    cfg_path = Path(model_dir) / "tiny_config.json"
+    if not cfg_path.exists():
+        return WorldConfig(fact_seed=fact_seed)
+    tiny = json.loads(cfg_path.read_text())
+    seen = range(tiny["first_fact_seed"], tiny["first_fact_seed"] + tiny["num_worlds"])
+    if fact_seed in seen:
+        raise ValueError(f"fact seed {fact_seed} is one of the model's pretraining worlds {seen}")
+    return replace(WorldConfig(**tiny["world"]), fact_seed=fact_seed)
 
 
 def _engine(policy: HFPolicy, world_cfg: WorldConfig) -> tuple[RolloutEngine, list[Task], list[Task]]:
@@ -205,14 +223,16 @@ def summarise(runs: list[dict], args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     args = _args()
+    torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     policy, path = _policy(args)
-    engine, train, test = _engine(policy, WorldConfig(fact_seed=1))
+    world_cfg = _world_config(path, args.fact_seed)
+    engine, train, test = _engine(policy, world_cfg)
     runs = [run_seed(seed, args, engine, train, test) for seed in range(args.seeds)]
     result = {
         "setup": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "model": path,
-        "world": "SynthWiki WorldConfig(fact_seed=1) (unseen by the tiny model)",
+        "world": asdict(world_cfg),
         **summarise(runs, args),
         "seconds": round(time.perf_counter() - t0, 1),
     }

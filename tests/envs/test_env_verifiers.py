@@ -39,5 +39,10 @@ def test_token_f1_by_hand() -> None:
 
 def test_registry() -> None:
     assert get_verifier("em") is exact_match and get_verifier("f1") is token_f1
-    with pytest.raises(ValueError, match="valid: em, f1"):
+    with pytest.raises(ValueError, match="valid: answered, em, f1"):
         get_verifier("bleu")
+
+
+def test_answered_is_a_format_reward() -> None:
+    assert get_verifier("answered")("Anything", task("Paris")) == 1.0
+    assert get_verifier("answered")("   ", task("Paris")) == 0.0

@@ -131,15 +131,17 @@ def test_explorer_with_full_focus_follows_links(world_tools: WorldTools) -> None
 
 
 def test_packing_restarts_positions_and_masks_labels() -> None:
-    a = Sample([5, 6, 7], [True, True, True])
-    b = Sample([8, 9], [False, True])
+    a = Sample([5, 6, 7], [1.0, 1.0, 0.5])
+    b = Sample([8, 9], [1.0, 0.0])
     rows = pack_rows([3, 2], [0, 1], seq_len=6)
     assert rows == [[0, 1]]
-    ids, pos, labels = collate([[a, b]], seq_len=6, pad_id=0)
+    ids, pos, labels, weights = collate([[a, b]], seq_len=6, pad_id=0)
     assert ids.tolist() == [[5, 6, 7, 8, 9, 0]]
     assert pos.tolist() == [[0, 1, 2, 0, 1, 0]]
-    # label at t is token t+1 of the same sample when that token carries loss
-    assert labels.tolist() == [[6, 7, -100, 9, -100, -100]]
+    # position t predicts token t+1 of the same sample, weighted by that token's weight;
+    # nothing is predicted across a sample boundary or into the padding
+    assert labels[0, :2].tolist() == [6, 7] and labels[0, 3] == 9
+    assert weights.tolist() == [[1.0, 0.5, 0.0, 0.0, 0.0, 0.0]]
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor() -> None:

@@ -14,7 +14,9 @@ from tracerl.train.config import PRESETS, TrainConfig, resolve_config
 from tracerl.train.loop import Trainer
 from tracerl.train.metrics import read_metrics
 
-TINY = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "eval.every=0", "eval.size=4"]
+# The smoke tiny model rarely answers correctly, but it answers sometimes: the format reward
+# gives every preset mixed groups within a few steps, so parameters must move.
+TINY = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=answered", "eval.every=0", "eval.size=4"]
 
 
 def smoke_config(preset: str, *extra: str) -> TrainConfig:
@@ -45,7 +47,10 @@ def test_every_preset_trains_a_few_steps(preset: str, tmp_path: Path) -> None:
 
 
 def test_resume_continues_exactly(tmp_path: Path) -> None:
-    """4 steps straight == 2 steps, a fresh process-like resume, then 2 more (metrics and weights)."""
+    """4 steps straight == 2 steps, a fresh process-like resume, then 2 more (metrics and weights).
+
+    Evaluation metrics are left out: stopping at step 2 evaluates there, which must not change training.
+    """
     config = smoke_config("trace", "steps=4")
     straight = Trainer(config, tmp_path / "straight")
     straight.run()
@@ -58,7 +63,7 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     resumed.run()
 
     def comparable(run: str) -> list[dict[str, object]]:
-        return [{k: v for k, v in r.items() if not k.startswith("time_") and k != "step_seconds"}
+        return [{k: v for k, v in r.items() if not k.startswith(("time_", "eval_")) and k != "step_seconds"}
                 for r in read_metrics(tmp_path / run)]
 
     assert comparable("straight") == comparable("split")

@@ -47,7 +47,12 @@ def token_f1(answer: str, task: Task) -> float:
     return max(_f1(answer, alias) for alias in task.answers)
 
 
-VERIFIERS: dict[str, Verifier] = {"em": exact_match, "f1": token_f1}
+def answered(answer: str, task: Task) -> float:
+    """1.0 for any non-empty final answer: a format reward (format warm-up, sanity runs)."""
+    return float(bool(answer.strip()))
+
+
+VERIFIERS: dict[str, Verifier] = {"em": exact_match, "f1": token_f1, "answered": answered}
 
 
 def get_verifier(name: str) -> Verifier:

@@ -159,11 +159,11 @@ def pretraining_samples(config: TinyModelConfig, tokenizer: Any) -> tuple[list[S
     for world in pretraining_worlds(config.world, config.fact_seeds, config.episodes_per_world):
         wt = WorldTools(world, config.explorer, config.max_turns)
         episodes = [explore(task, wt, fmt, rng, config.explorer) for task in world.train]
-        samples += encode_pieces(tokenizer, episodes, eos, config.loss_on)
+        samples += encode_pieces(tokenizer, episodes, eos, config.context_loss_weight)
         rows = document_rows(world, rng, config.doc_rows_per_world, config.docs_per_row)
         if rows:
             for ids in tokenizer(rows, add_special_tokens=False)["input_ids"]:
-                samples.append(Sample(ids + [eos], [True] * (len(ids) + 1)))
+                samples.append(Sample(ids + [eos], [1.0] * (len(ids) + 1)))
         stats["episodes"] += len(episodes)
         stats["document_rows"] += len(rows)
     stats["tokens"] = sum(len(s.ids) for s in samples)

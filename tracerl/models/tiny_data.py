@@ -37,9 +37,10 @@ _CAPITALISED = re.compile(r"\b[A-Z][a-z]+\b")
 class ExplorerConfig:
     """How the scripted explorer behaves (all probabilities in [0, 1])."""
 
-    focus: float = 0.8
-    """Chance to follow a link of the document just looked up (else any entity seen so far)."""
-    search_count_weights: tuple[float, ...] = (0.35, 0.3, 0.2, 0.15)
+    focus: float = 1.0
+    """Chance to follow a link of the document just looked up (else any entity seen so far).
+    Which link, and how many hops, stay random: the explorer never knows the question's relations."""
+    search_count_weights: tuple[float, ...] = (0.3, 0.4, 0.2, 0.1)
     """Relative chance of 1, 2, 3, ... tool calls before answering (independent of the question)."""
     open_prob: float = 0.1
     """Chance that a tool call uses ``open[title]`` instead of ``search[query]``."""
@@ -51,10 +52,10 @@ class ExplorerConfig:
 
 @dataclass
 class Sample:
-    """One pretraining row: token ids and which of them carry loss."""
+    """One pretraining row: token ids and the loss weight of predicting each of them."""
 
     ids: list[int]
-    loss_mask: list[bool]
+    weights: list[float]
 
 
 class WorldTools:
@@ -122,26 +123,26 @@ def explore(task: Task, wt: WorldTools, fmt: AgentFormat, rng: random.Random,
 
 
 def encode_pieces(tokenizer: Any, episodes: list[list[tuple[str, bool]]], eos_id: int,
-                  loss_on: str) -> list[Sample]:
+                  context_weight: float = 1.0) -> list[Sample]:
     """Tokenise each piece on its own (as the engine does) and append EOS after an answer.
 
-    ``loss_on`` is ``"all"`` (every token) or ``"assistant"`` (assistant pieces and EOS only).
+    Assistant tokens (and EOS) get loss weight 1, prompt and observation tokens ``context_weight``.
     """
     flat = [text for ep in episodes for text, _ in ep]
     encoded = tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
     samples, pos = [], 0
     for ep in episodes:
         ids: list[int] = []
-        mask: list[bool] = []
+        weights: list[float] = []
         for _, is_assistant in ep:
             piece = encoded[pos]
             pos += 1
             ids += piece
-            mask += [loss_on == "all" or is_assistant] * len(piece)
+            weights += [1.0 if is_assistant else context_weight] * len(piece)
         if ep and ep[-1][1]:  # ended on the answer: the policy ends its turn with EOS
             ids.append(eos_id)
-            mask.append(True)
-        samples.append(Sample(ids, mask))
+            weights.append(1.0)
+        samples.append(Sample(ids, weights))
     return samples
 
 

@@ -66,17 +66,19 @@ def pack_rows(lengths: list[int], order: list[int], seq_len: int, window: int = 
 
 
 def collate(rows: list[list[Sample]], seq_len: int, pad_id: int
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(input_ids, position_ids, labels)``, each ``[len(rows), seq_len]``.
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input_ids, position_ids, labels, weights)``, each ``[len(rows), seq_len]``.
 
     Samples packed in one row restart their positions at 0; transformers then builds a
     block-diagonal causal mask, so each sample sees only itself, exactly as at inference.
-    ``labels[b, t]`` is the target at position ``t`` (the next token), -100 where no loss.
+    ``labels[b, t]`` is the target at position ``t`` (the next token) and ``weights[b, t]`` its
+    loss weight (0 across sample boundaries and on padding).
     A fixed shape keeps CPU kernels from being rebuilt every step.
     """
     ids = torch.full((len(rows), seq_len), pad_id, dtype=torch.long)
     pos = torch.zeros((len(rows), seq_len), dtype=torch.long)
-    labels = torch.full((len(rows), seq_len), -100, dtype=torch.long)
+    labels = torch.zeros((len(rows), seq_len), dtype=torch.long)
+    weights = torch.zeros((len(rows), seq_len), dtype=torch.float32)
     for b, row in enumerate(rows):
         at = 0
         for sample in row:
@@ -84,17 +86,20 @@ def collate(rows: list[list[Sample]], seq_len: int, pad_id: int
             chunk = torch.tensor(sample.ids[:n], dtype=torch.long)
             ids[b, at : at + n] = chunk
             pos[b, at : at + n] = torch.arange(n)
-            keep = torch.tensor(sample.loss_mask[1:n], dtype=torch.bool)
-            labels[b, at : at + n - 1] = torch.where(keep, chunk[1:], torch.full_like(chunk[1:], -100))
+            labels[b, at : at + n - 1] = chunk[1:]
+            weights[b, at : at + n - 1] = torch.tensor(sample.weights[1:n], dtype=torch.float32)
             at += n
         pos[b, at:] = torch.arange(seq_len - at)  # the padding tail is a sequence of its own
-    return ids, pos, labels
+    return ids, pos, labels, weights
 
 
-def batch_loss(model: Any, ids: torch.Tensor, pos: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over the positions with a label."""
+def batch_loss(model: Any, ids: torch.Tensor, pos: torch.Tensor, labels: torch.Tensor,
+               weights: torch.Tensor) -> torch.Tensor:
+    """Weighted mean next-token cross-entropy: ``sum(w * ce) / sum(w)``."""
     logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+    ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none")
+    w = weights.flatten()
+    return (ce * w).sum() / w.sum().clamp(min=1e-8)
 
 
 def train_causal_lm(model: Any, samples: list[Sample], config: TinyModelConfig, pad_id: int,
@@ -121,11 +126,11 @@ def train_causal_lm(model: Any, samples: list[Sample], config: TinyModelConfig, 
             queue += pack_rows(lengths, order, config.seq_len)
         rows = [[samples[i] for i in row] for row in queue[: config.batch_size]]
         del queue[: config.batch_size]
-        ids, pos, labels = collate(rows, config.seq_len, pad_id)
+        ids, pos, labels, weights = collate(rows, config.seq_len, pad_id)
         for group in optim.param_groups:
             group["lr"] = lr_at(step, config)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
-            loss = batch_loss(model, ids, pos, labels)
+            loss = batch_loss(model, ids, pos, labels, weights)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)

@@ -17,7 +17,8 @@ from tracerl.allocation.predictor import PredictorConfig
 from tracerl.core.advantages import AdvantageOptions, available_estimators
 from tracerl.core.losses import available_aggregations
 from tracerl.envs.synthwiki import WorldConfig
-from tracerl.models.tiny_config import SMOKE_WORLD
+from tracerl.envs.verifiers import VERIFIERS
+from tracerl.models.tiny_config import DEFAULT_WORLD, SMOKE_WORLD
 from tracerl.rollout.engine import EngineConfig
 from tracerl.rollout.schemes import SCHEME_NAMES, SchemeConfig
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, to_dict
@@ -40,8 +41,9 @@ class DataConfig:
 
     source: str = "synthwiki"
     """``synthwiki`` (the built-in world, re-drawn per training world) or ``files`` (JSONL)."""
-    world: WorldConfig = field(default_factory=WorldConfig)
-    """Names and sizes of SynthWiki worlds; the fact seed is replaced per world below."""
+    world: WorldConfig = field(default_factory=lambda: DEFAULT_WORLD)
+    """Names and sizes of SynthWiki worlds (those the embedded tiny model knows); the fact seed
+    is replaced per world below."""
     train_worlds: int = 8
     """Re-drawn worlds (fact seeds ``first_fact_seed ..``) whose questions are trained on."""
     first_fact_seed: int = 1
@@ -58,13 +60,13 @@ class DataConfig:
     search_top_k: int = 3
     """Documents returned by one ``search`` call."""
     verifier: str = "em"
-    """Terminal reward: ``em`` (normalised exact match) or ``f1``."""
+    """Terminal reward: ``em`` (normalised exact match), ``f1`` or ``answered`` (format reward)."""
     shuffle: bool = True
     """Shuffle training tasks once (seeded); the data cursor walks that order."""
 
     def __post_init__(self) -> None:
         _one_of("data", "source", self.source, ["synthwiki", "files"])
-        _one_of("data", "verifier", self.verifier, ["em", "f1"])
+        _one_of("data", "verifier", self.verifier, sorted(VERIFIERS))
         _positive("data", train_worlds=self.train_worlds, search_top_k=self.search_top_k)
         if self.source == "files" and not (self.tasks and self.corpus):
             raise ConfigError("data.source = 'files' needs data.tasks and data.corpus")
@@ -159,7 +161,8 @@ class EvalConfig:
     """Evaluate held-out accuracy every this many steps (0: only at the end)."""
     size: int = 128
     """Held-out questions per evaluation."""
-    temperature: float = 1.0
+    temperature: float = 0.0
+    """0: greedy decoding, the usual way to report accuracy."""
 
     def __post_init__(self) -> None:
         _positive("eval", size=self.size)

@@ -78,12 +78,11 @@ def policy_update(
     model.train()
     optimizer.zero_grad(set_to_none=True)
     masks = [torch.tensor(t.sampled, dtype=torch.bool) for t in trajectories]
-    norm_length = max(len(m) for m in masks)
-    normaliser = loss_normaliser(masks, settings.loss_agg, norm_length=norm_length)
+    # The normaliser counts every trajectory of the step, whichever micro-batch it lands in.
+    normaliser = loss_normaliser(masks, settings.loss_agg, norm_length=max(len(m) for m in masks))
     totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "tokens": 0.0}
-    for start in range(0, len(trajectories), settings.micro_batch_size):
-        chunk = slice(start, start + settings.micro_batch_size)
-        batch = pad_trajectories(trajectories[chunk], advantages[chunk], pad_id)
+    for chunk in _micro_batches(trajectories, advantages, settings, reference is not None):
+        batch = pad_trajectories([trajectories[i] for i in chunk], [advantages[i] for i in chunk], pad_id)
         logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask, settings.temperature)
         per_token = clipped_surrogate_loss(
             logprobs, batch.old_logprobs, batch.advantages, clip_low=settings.clip_low, clip_high=settings.clip_high
@@ -114,3 +113,18 @@ def policy_update(
         "grad_norm": float(grad_norm),
         "trained_tokens": totals["tokens"],
     }
+
+
+def _micro_batches(trajectories: Sequence[Trajectory], advantages: Sequence[Tensor], settings: UpdateSettings,
+                   with_kl: bool) -> list[list[int]]:
+    """Indices to run, sorted by length (less padding), ``micro_batch_size`` at a time.
+
+    Without a KL term, a trajectory whose advantages are all zero contributes exactly zero
+    gradient (its surrogate is ``-ratio * 0``); it still counts in the normaliser but is not run.
+    In GRPO-style batches that skips every all-success or all-failure group.
+    """
+    needs_kl = with_kl and settings.kl_coef > 0
+    keep = [i for i, a in enumerate(advantages) if needs_kl or bool(a.abs().sum() > 0)]
+    keep.sort(key=lambda i: len(trajectories[i].token_ids))
+    size = settings.micro_batch_size
+    return [keep[i : i + size] for i in range(0, len(keep), size)]

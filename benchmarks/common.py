@@ -1,0 +1,220 @@
+"""Shared helpers of the training benchmarks (sample_efficiency, step_overhead, tree_savings, vs_trl).
+
+Every benchmark builds its runs from the same :func:`tracerl.train.config.resolve_config` call as
+``tracerl train`` (preset, optional ``--smoke`` overlay, ``--set a.b=value`` overrides), so a
+benchmark setting is reproducible with the CLI. Run as a script, this module prints the Markdown
+tables of the committed result files (what benchmarks/README.md shows):
+
+    python benchmarks/common.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import shutil
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+HARD_SETTING: list[str] = [
+    "data.world.min_hops=1",
+    "data.world.max_hops=4",  # up to 4-hop questions (the prototype that saturated in ~200 steps had 1-3)
+    "rollout.engine.max_turns=6",  # a 4-hop question needs 5 turns: one turn of slack instead of three
+]
+"""The harder default setting of the training benchmarks, on top of the default world's look-alike
+distractor names (one per name). Not used, and why: ``data.world.min_hops=2`` left the candidate
+tiny base model at 0 of 240 held-out episodes, so no group is ever mixed and no method can learn
+(pass it with ``--set`` once the base model is stronger); more distractors or larger worlds add
+names the embedded model's word-level vocabulary does not hold (they would read as <unk>)."""
+
+DEV_MODEL: list[str] = ["model.name_or_path=tiny", "model.tiny_preset=smoke"]
+"""With ``--smoke``: the quickly pretrained smoke tiny model instead of a random one (it knows the
+smoke world's names and the react format a little), for development runs."""
+
+
+def add_config_args(parser: argparse.ArgumentParser, *, hard: bool = True) -> None:
+    """``--set``, ``--smoke``, ``--dev-model``, ``--no-hard``, ``--threads``, ``--work-dir``."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE",
+                        help="Config override as for `tracerl train --set` (repeatable; applied last).")
+    parser.add_argument("--smoke", action="store_true",
+                        help="Apply the --smoke overlay (random tiny model, tiny world, no hard setting): a pipeline check.")
+    parser.add_argument("--dev-model", action="store_true",
+                        help="With --smoke: use the pretrained smoke tiny model (" + " ".join(DEV_MODEL) + ").")
+    if hard:
+        parser.add_argument("--no-hard", action="store_true",
+                            help="Drop the harder default setting (" + " ".join(HARD_SETTING) + ").")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: leave torch's default).")
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/tracerl-bench"),
+                        help="Scratch folder for run folders (deleted and recreated per run).")
+
+
+def setting_overrides(args: argparse.Namespace, base: list[str]) -> list[str]:
+    """The overrides a benchmark applies: its base knobs, the hard setting, the dev model, then --set."""
+    out = list(base)
+    if not getattr(args, "no_hard", True) and not args.smoke:  # the smoke world stays as --smoke defines it
+        out += HARD_SETTING
+    if args.smoke and args.dev_model:
+        out += DEV_MODEL
+    return out + list(args.overrides)
+
+
+def configure_torch(threads: int) -> None:
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def resolve(preset: str, overrides: list[str], smoke: bool) -> Any:
+    from tracerl.train.config import resolve_config
+
+    return resolve_config(preset, overrides=overrides, smoke=smoke)
+
+
+def fresh_dir(path: Path) -> Path:
+    """An empty folder (a run folder that already exists would resume or append metrics)."""
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def mean(xs: list[float | None]) -> float | None:
+    """Mean of the finite entries; None when there is none (valid JSON)."""
+    kept = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    return statistics.fmean(kept) if kept else None
+
+
+def std(xs: list[float | None]) -> float | None:
+    """Sample standard deviation of the finite entries; None with fewer than two."""
+    kept = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    return statistics.stdev(kept) if len(kept) > 1 else None
+
+
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def rounded(value: Any, digits: int = 4) -> Any:
+    """Round floats inside nested data (keeps the JSON readable and diffs small)."""
+    if isinstance(value, float):
+        return round(value, digits) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    return value
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {"machine": platform.processor() or platform.machine(), "python": platform.python_version(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": _cpus()}
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rounded(data), indent=2) + "\n")
+    return path
+
+
+def describe_config(config: Any) -> dict[str, Any]:
+    """The knobs that define a benchmark setting (world, limits, budget, model)."""
+    from dataclasses import asdict
+
+    world = asdict(config.data.world)
+    engine = asdict(config.rollout.engine)
+    return {
+        "model": config.model.name_or_path, "tiny_preset": config.model.tiny_preset,
+        "world": {k: world[k] for k in ("min_hops", "max_hops", "distractors", "num_people", "num_train", "num_test")},
+        "train_worlds": config.data.train_worlds, "search_top_k": config.data.search_top_k,
+        "engine": {k: engine[k] for k in ("max_turns", "max_turn_tokens", "max_total_tokens", "temperature")},
+        "budget": config.rollout.budget, "pool_size": config.rollout.pool_size,
+        "group_size": config.rollout.schemes.group_size, "lr": config.optim.lr,
+        "eval_every": config.eval.every, "eval_size": config.eval.size,
+    }
+
+
+# --- Markdown tables of the committed results (for benchmarks/README.md) -----------------------------
+
+
+def _fmt(value: Any, pct: bool = False) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{100 * value:.1f}%" if pct else (f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}")
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _title(name: str, data: dict[str, Any]) -> str:
+    return f"**{name}**" + (" (`--quick` run)" if data.get("quick") else "")
+
+
+def markdown_tables(results: Path = RESULTS) -> str:
+    """The README tables from whichever result files exist."""
+    parts = []
+    path = results / "reference_scoring.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        rows = [[str(c["cuts"]), str(c["length"]), _fmt(c["cached_ratio"]), _fmt(c["naive_ratio"])] for c in data["cases"]]
+        parts.append(_title("reference_scoring", data) + " (time / one forward pass)\n\n"
+                     + _table(["cuts", "length", "cached", "naive"], rows))
+    path = results / "sample_efficiency.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        rows = [[name, _fmt(m["final_accuracy_mean"], True), _fmt(m["final_accuracy_std"], True),
+                 _fmt(m.get("train_accuracy_mean"), True), _fmt(m.get("redrawn_accuracy_mean"), True),
+                 _fmt(m["effective_ratio_mean"]), _fmt(m["tokens_to_grpo_final"]),
+                 _fmt(m.get("tokens_fraction_of_grpo"))] for name, m in data["methods"].items()]
+        parts.append(_title("sample_efficiency", data) + "\n\n" + _table(
+            ["method", "unseen-world acc", "std", "seen-world acc", "re-drawn facts acc", "effective ratio",
+             "tokens to GRPO final", "fraction of GRPO tokens"], rows))
+    path = results / "step_overhead.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        phases = data["phases"]
+        rows = [[name, *(_fmt(m["seconds"].get(p)) for p in phases), _fmt(m["step_seconds"]),
+                 _fmt(m["ms_per_generated_token"])] for name, m in data["methods"].items()]
+        parts.append(_title("step_overhead", data) + f": trace_over_grpo = {_fmt(data['trace_over_grpo'])}, per "
+                     f"generated token {_fmt(data.get('trace_over_grpo_per_token'))}, scoring + predictor over grpo's "
+                     f"step {_fmt(data.get('trace_added_phases_over_grpo'))}\n\n"
+                     + _table(["method", *phases, "step s", "ms / generated token"], rows))
+    path = results / "tree_savings.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        rows = [[name, _fmt(m["leaves"]), _fmt(m["generated_tokens_per_leaf"]), _fmt(m["saved_fraction_vs_chain"]),
+                 _fmt(m["seconds_per_leaf"])] for name, m in data["schemes"].items()]
+        parts.append(_title("tree_savings", data) + "\n\n" + _table(
+            ["scheme", "leaves", "generated tokens / leaf", "saved vs chain", "s / leaf"], rows))
+    path = results / "vs_trl.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        rows = [[name, _fmt(m.get("generation_tokens_per_s")), _fmt(m.get("update_tokens_per_s")),
+                 _fmt(m.get("step_seconds")), _fmt(m.get("completion_tokens_mean"))]
+                for name, m in data.get("frameworks", {}).items() if "error" not in m]
+        errors = [f"{name}: {m['error']}" for name, m in data.get("frameworks", {}).items() if "error" in m]
+        parts.append(_title("vs_trl", data) + "\n\n" + "\n".join(errors + [""]) + _table(
+            ["framework", "generated tokens / s", "update tokens / s", "step s", "tokens / completion"], rows))
+    return "\n\n".join(parts)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_tables() + "\n")

@@ -1,0 +1,230 @@
+"""Sample efficiency: held-out accuracy per generated token and per rollout, all seven presets.
+
+Issue 7 item 1. Every preset (grpo, dapo, gigpo, tree_grpo, trace_alloc, trace_credit, trace)
+trains the same initial model with the same per-step budget of continuation rollouts
+(``rollout.budget``), for the same number of steps, over ``--seeds`` seeds. Held-out accuracy is
+measured every ``eval.every`` steps on questions of an *unseen world* (same names, facts drawn
+from a fact seed no training world used), so it measures reading observations, not recalling
+facts. At the end each run is also evaluated on training-split questions of a seen training world
+and of a world whose facts were re-drawn (memorisation check): what generalises shows as a small
+gap between the seen-world and the unseen-world accuracy.
+
+Setting (recorded in the JSON): the embedded tiny model on SynthWiki with the harder setting of
+:data:`common.HARD_SETTING` (1-4 hop questions with 6 turns at most, on the default world with its
+look-alike distractor names; the reasons for not going further are in that constant's docstring),
+unless ``--no-hard``; ``--set a.b=value`` changes anything (e.g. ``--set data.world.min_hops=2``).
+
+Summary per method (``methods`` in the JSON; stable keys): ``final_accuracy_mean``/``_std``
+(unseen world, over seeds), ``effective_ratio_mean`` (over steps and seeds),
+``tokens_to_grpo_final`` (cumulative generated tokens at the first evaluation where the seed-mean
+accuracy reaches GRPO's final seed-mean accuracy; null when never reached) plus
+``rollouts_to_grpo_final``, ``tokens_fraction_of_grpo`` (that over GRPO's total tokens),
+``train_accuracy_mean`` and ``redrawn_accuracy_mean``. ``grpo_improved`` says whether GRPO beat the
+initial model at all; when it did not, GRPO's final accuracy is reached at step 0 and every
+``tokens_to_grpo_final`` is 0, which then says nothing about sample efficiency.
+
+    python benchmarks/sample_efficiency.py --quick   # 7 presets x 1 seed x 4 steps: ~2 min on 2 cores
+    python benchmarks/sample_efficiency.py           # 7 presets x 3 seeds x 40 steps: ~1.5 h on 2 cores (see README)
+
+Development while the embedded model is being tuned: ``--smoke --dev-model`` (smoke world, the
+smoke tiny model) or ``--set model.name_or_path=FOLDER``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from common import (
+    RESULTS,
+    add_config_args,
+    configure_torch,
+    describe_config,
+    fresh_dir,
+    machine,
+    mean,
+    resolve,
+    setting_overrides,
+    std,
+    write_json,
+)
+
+METHODS = ("grpo", "dapo", "gigpo", "tree_grpo", "trace_alloc", "trace_credit", "trace")
+BASE = ["rollout.budget=32", "rollout.pool_size=16", "rollout.schemes.group_size=8", "eval.every=5",
+        "eval.size=100", "log.checkpoint_every=1000000"]
+QUICK = ["rollout.budget=16", "rollout.pool_size=8", "rollout.schemes.group_size=4", "rollout.schemes.tree_initial=2",
+         "rollout.schemes.tree_expand_nodes=1", "eval.every=2", "eval.size=32"]
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="1 seed x 4 steps, budget 16, 32 eval questions.")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--final-eval", type=int, default=200, help="Questions per split in the final evaluation.")
+    p.add_argument("--out", type=Path, default=RESULTS / "sample_efficiency.json")
+    add_config_args(p)
+    args = p.parse_args()
+    if args.quick:
+        args.seeds, args.steps, args.final_eval = 1, 4, 32
+    return args
+
+
+def run_one(preset: str, seed: int, overrides: list[str], args: argparse.Namespace,
+            base: dict[int, float]) -> dict[str, Any]:
+    """Train one preset for one seed; returns its curve and final accuracies."""
+    from tracerl.train.loop import Trainer
+
+    config = resolve(preset, overrides + [f"seed={seed}", f"steps={args.steps}"], args.smoke)
+    trainer = Trainer(config, fresh_dir(args.work_dir / f"{preset}-seed{seed}"))
+    if seed not in base:  # same initial model, same eval sample at step 0 for every preset of a seed
+        base[seed] = trainer.evaluate(trainer.data.held_out)["eval_accuracy"]
+    clock = time.perf_counter()
+    records = trainer.run()
+    seconds = time.perf_counter() - clock
+    size, final = config.eval.size, min(args.final_eval, len(trainer.data.held_out))
+    trainer.config.eval.size = final
+    finals = {
+        "unseen": trainer.evaluate(trainer.data.held_out, "unseen")["unseen_accuracy"],
+        "train": trainer.evaluate(trainer.data.train, "train")["train_accuracy"],
+        "redrawn": trainer.evaluate(trainer.data.redrawn, "redrawn")["redrawn_accuracy"] if trainer.data.redrawn else None,
+    }
+    trainer.config.eval.size = size
+    curve = [{"step": 0, "rollouts": 0, "generated_tokens": 0, "accuracy": base[seed]}]
+    curve += [{"step": r["step"], "rollouts": r["total_rollouts"], "generated_tokens": r["total_generated_tokens"],
+               "accuracy": r["eval_accuracy"]} for r in records if r.get("eval_accuracy") is not None]
+    curve[-1]["accuracy"] = finals["unseen"]  # the final point uses the larger final evaluation
+    print(f"{preset:>12} seed {seed}: unseen {finals['unseen']:.3f} train {finals['train']:.3f} "
+          f"eff {mean([r['effective_ratio'] for r in records]):.3f} tokens {records[-1]['total_generated_tokens']} "
+          f"({seconds:.0f} s)", flush=True)
+    return {
+        "seed": seed, "curve": curve, "final": finals, "train_seconds": seconds,
+        "effective_ratio": [r["effective_ratio"] for r in records],
+        "reward_mean": [r["reward_mean"] for r in records],
+        "step_seconds": [r["step_seconds"] for r in records],
+    }
+
+
+def mean_curve(runs: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Seed-mean accuracy, rollouts and tokens at each evaluation step (all runs evaluate alike)."""
+    steps = [p["step"] for p in runs[0]["curve"]]
+    out = []
+    for i, step in enumerate(steps):
+        points = [run["curve"][i] for run in runs if i < len(run["curve"])]
+        out.append({"step": step, **{k: mean([p[k] for p in points]) for k in ("rollouts", "generated_tokens", "accuracy")}})
+    return out
+
+
+def first_reaching(curve: list[dict[str, float]], target: float, key: str) -> float | None:
+    for point in curve:
+        if point["accuracy"] is not None and point["accuracy"] >= target - 1e-9:
+            return point[key]
+    return None
+
+
+def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    curves = {name: mean_curve(rs) for name, rs in runs.items()}
+    grpo = runs.get("grpo")
+    target = mean([r["final"]["unseen"] for r in grpo]) if grpo else None
+    grpo_tokens = curves["grpo"][-1]["generated_tokens"] if grpo else None
+    methods = {}
+    for name, rs in runs.items():
+        finals = [r["final"]["unseen"] for r in rs]
+        tokens = first_reaching(curves[name], target, "generated_tokens") if target is not None else None
+        methods[name] = {
+            "final_accuracy_mean": mean(finals),
+            "final_accuracy_std": std(finals),
+            "effective_ratio_mean": mean([e for r in rs for e in r["effective_ratio"]]),
+            "tokens_to_grpo_final": tokens,
+            "rollouts_to_grpo_final": first_reaching(curves[name], target, "rollouts") if target is not None else None,
+            "tokens_fraction_of_grpo": tokens / grpo_tokens if tokens is not None and grpo_tokens else None,
+            "train_accuracy_mean": mean([r["final"]["train"] for r in rs]),
+            "redrawn_accuracy_mean": mean([r["final"]["redrawn"] for r in rs]),
+            "total_generated_tokens_mean": curves[name][-1]["generated_tokens"],
+            "total_rollouts_mean": curves[name][-1]["rollouts"],
+            "step_seconds_mean": mean([s for r in rs for s in r["step_seconds"]]),
+            "seeds": len(rs),
+        }
+    return {"methods": methods, "grpo_final_accuracy": target, "grpo_total_tokens": grpo_tokens, "curves": curves,
+            "base_accuracy": curves[next(iter(curves))][0]["accuracy"]}
+
+
+def plot(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    for name, curve in summary["curves"].items():
+        style = {"lw": 2.4} if name == "trace" else {"lw": 1.3}
+        axes[0, 0].plot([p["generated_tokens"] for p in curve], [p["accuracy"] for p in curve], marker="o", label=name, **style)
+        axes[0, 1].plot([p["rollouts"] for p in curve], [p["accuracy"] for p in curve], marker="o", label=name, **style)
+        per_step = [mean(list(v)) for v in zip(*[r["effective_ratio"] for r in runs[name]])]
+        axes[1, 0].plot(range(1, len(per_step) + 1), per_step, label=name, **style)
+    if summary["grpo_final_accuracy"] is not None:
+        for ax in (axes[0, 0], axes[0, 1]):
+            ax.axhline(summary["grpo_final_accuracy"], color="grey", ls=":", lw=1)
+    names = list(summary["methods"])
+    splits = (("train_accuracy_mean", "seen world"), ("final_accuracy_mean", "unseen world"),
+              ("redrawn_accuracy_mean", "re-drawn facts"))
+    for j, (key, label) in enumerate(splits):
+        values = [summary["methods"][n][key] or 0.0 for n in names]
+        axes[1, 1].bar([i + 0.27 * (j - 1) for i in range(len(names))], values, width=0.27, label=label)
+    axes[1, 1].set_xticks(range(len(names)), names, rotation=30, fontsize=8)
+    axes[0, 0].set(xlabel="generated tokens (cumulative, seed mean)", ylabel="held-out accuracy (unseen world)",
+                   title="Accuracy vs generated tokens")
+    axes[0, 1].set(xlabel="continuation rollouts (cumulative)", ylabel="held-out accuracy", title="Accuracy vs rollouts")
+    axes[1, 0].set(xlabel="step", ylabel="effective ratio", title="Share of mixed groups per step", ylim=(0, 1))
+    axes[1, 1].set(ylabel="final accuracy", title="What generalises: seen vs unseen world")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def main() -> None:
+    args = _args()
+    configure_torch(args.threads)
+    overrides = setting_overrides(args, BASE + (QUICK if args.quick else []))
+    clock = time.perf_counter()
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}
+    base: dict[int, float] = {}
+    for seed in range(args.seeds):  # seed-major: a partial sweep still compares every method
+        for method in args.methods:
+            runs[method].append(run_one(method, seed, overrides, args, base))
+    summary = summarise(runs)
+    setting = describe_config(resolve("grpo", overrides, args.smoke))
+    result = {
+        "methods": summary["methods"],
+        "grpo_final_accuracy": summary["grpo_final_accuracy"],
+        "grpo_total_tokens": summary["grpo_total_tokens"],
+        "base_accuracy": summary["base_accuracy"],
+        "grpo_improved": (summary["grpo_final_accuracy"] or 0.0) > (summary["base_accuracy"] or 0.0),
+        "setting": {"overrides": overrides, "smoke": args.smoke, "hard": not args.no_hard, **setting,
+                    "steps": args.steps, "seeds": args.seeds, "final_eval_questions": args.final_eval,
+                    "held_out": "test split of an unseen world (data.eval_fact_seed)",
+                    "train_split": "training questions of the training worlds (seen)",
+                    "redrawn_split": "training questions, facts re-drawn (data.redrawn_fact_seed)"},
+        "curves": summary["curves"],
+        "runs": runs,
+        "quick": args.quick,
+        "seconds": time.perf_counter() - clock,
+        **machine(),
+    }
+    write_json(args.out, result)
+    png = plot(summary, runs, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {png} ({result['seconds']:.0f} s)")
+    for name, m in summary["methods"].items():
+        print(f"{name:>12}: final {m['final_accuracy_mean']:.3f}  eff {m['effective_ratio_mean']:.3f}  "
+              f"tokens_to_grpo_final {m['tokens_to_grpo_final']}")
+
+
+if __name__ == "__main__":
+    main()
