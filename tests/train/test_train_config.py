@@ -85,3 +85,11 @@ def test_bad_yaml_file_is_named(tmp_path: Path) -> None:
     path.write_text("optim: [unclosed\n")
     with pytest.raises(ConfigError, match="broken.yaml"):
         resolve_config("grpo", config_file=path)
+
+
+def test_a_partial_nested_override_keeps_the_sections_defaults() -> None:
+    """Overriding one field of data.world must not reset the world to WorldConfig's own defaults."""
+    default = resolve_config("grpo").data.world
+    changed = resolve_config("grpo", overrides=["data.world.max_hops=2"]).data.world
+    assert changed.max_hops == 2
+    assert changed.num_people == default.num_people != 1000  # the embedded world, not the class default

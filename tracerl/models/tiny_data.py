@@ -44,8 +44,8 @@ class ExplorerConfig:
     """Relative chance of 1, 2, 3, ... tool calls before answering (independent of the question)."""
     open_prob: float = 0.1
     """Chance that a tool call uses ``open[title]`` instead of ``search[query]``."""
-    top_k: int = 3
-    """Documents returned by one search (as in :func:`~tracerl.envs.search.search_tools`)."""
+    top_k: int = 2
+    """Documents returned by one search: keep it equal to the RL environment's (the demo uses 2)."""
     doc_max_tokens: int = 100
     """Words kept per returned document."""
 

@@ -240,7 +240,9 @@ def resolve_config(
     """Defaults < preset < smoke < YAML file < ``a.b=value`` overrides, validated."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
-    data: dict[str, Any] = merge({"preset": preset}, PRESETS[preset])
+    # Start from the full defaults, so a partial override of a nested section (say
+    # data.world.max_hops) keeps the section's other defaults instead of its class defaults.
+    data: dict[str, Any] = merge(to_dict(TrainConfig()), {"preset": preset, **PRESETS[preset]})
     if smoke:
         data = merge(data, SMOKE)
     if config_file:
