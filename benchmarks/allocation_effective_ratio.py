@@ -228,18 +228,20 @@ def main() -> None:
     policy, path = _policy(args)
     world_cfg = _world_config(path, args.fact_seed)
     engine, train, test = _engine(policy, world_cfg)
-    runs = [run_seed(seed, args, engine, train, test) for seed in range(args.seeds)]
-    result = {
-        "setup": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "model": path,
-        "world": asdict(world_cfg),
-        **summarise(runs, args),
-        "seconds": round(time.perf_counter() - t0, 1),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    runs: list[dict] = []
+    for seed in range(args.seeds):  # the JSON is rewritten after every seed: a killed run keeps its data
+        runs.append(run_seed(seed, args, engine, train, test))
+        result = {
+            "setup": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "seeds_done": len(runs),
+            "model": path,
+            "world": asdict(world_cfg),
+            **summarise(runs, args),
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("ratio_vs_chain", "predictor_per_step", "seconds")}, indent=2))
-
 
 if __name__ == "__main__":
     main()
