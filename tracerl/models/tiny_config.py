@@ -156,7 +156,7 @@ PRESETS: dict[str, TinyModelConfig] = {
     # tokens. Longer recipes copied names better but did not fit the demo's 15-minute budget.
     "default": TinyModelConfig(num_layers=4, episodes_per_world=120, doc_rows_per_world=24, steps=2100,
                                batch_size=2, warmup_steps=60,
-                               explorer=ExplorerConfig(focus=1.0, search_count_weights=(0.35, 0.3, 0.2, 0.15))),
+                               explorer=ExplorerConfig(focus=1.0, search_count_weights=(0.35, 0.3, 0.2, 0.15), top_k=3)),
     # Seconds on a CPU: for tests and smoke runs; knows the format and the tiny world's text well
     # enough to answer some one-hop questions, so a few RL steps see mixed groups.
     "smoke": TinyModelConfig(hidden_size=48, num_layers=2, num_heads=3, head_dim=16, intermediate_size=96,
