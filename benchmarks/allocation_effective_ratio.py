@@ -59,6 +59,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--budget", type=int, default=64, help="continuation rollouts per step")
     p.add_argument("--pool", type=int, default=16, help="prompts offered per step")
     p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--trace-min-per-prompt", type=int, default=2,
+                   help="SchemeConfig.trace_min_per_prompt (the spec's default is 2)")
     p.add_argument("--tasks", type=int, default=64, help="training prompts cycled through")
     p.add_argument("--heldout", type=int, default=24, help="held-out prompts for the predictor's AUC")
     p.add_argument("--preset", default="default", help="tiny model preset")
@@ -148,7 +150,7 @@ def run_seed(seed: int, args: argparse.Namespace, engine: RolloutEngine, train: 
     heldout = {"trace": engine.rollout(held, [4] * len(held), generator=g)[0]}
     heldout["trace_ready"] = copy.deepcopy(heldout["trace"])
     _score_all(heldout["trace_ready"], {t.id: t for t in held}, scorer)
-    cfg = SchemeConfig(group_size=args.group_size)
+    cfg = SchemeConfig(group_size=args.group_size, trace_min_per_prompt=args.trace_min_per_prompt)
     preds = {name: SuccessPredictor() for name in PREDICTED}
     out: dict[str, Any] = {name: [] for name in SCHEMES}
     out["predictor"] = {name: [] for name in PREDICTED}

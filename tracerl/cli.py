@@ -65,7 +65,7 @@ def pretrain(
     out: str = typer.Option(None, "--out", help="Also copy the model to this folder."),
     steps: int = typer.Option(None, help="Optimiser steps (default from the preset)."),
     seed: int = typer.Option(None, help="Seed of data and initialisation (default 0)."),
-    preset: str = typer.Option("default", help="default (a few minutes on 2 CPU cores) or smoke (seconds)."),
+    preset: str = typer.Option("default", help="default (a few minutes on 2 CPU cores), two_layer or smoke (seconds)."),
 ) -> None:
     """Pretrain the embedded tiny base model (or reuse the cached one) and print its folder."""
     from tracerl.models.tiny import pretrained_folder
