@@ -12,12 +12,13 @@ in multi-epoch training), ``--pool`` prompts offered per step, ``--budget`` cont
 rollouts per step. Every scheme sees the same pools and the same seed.
 Schemes: chain, dapo, tree_random, ``trace_uniform`` (trace without a predictor: the paper's
 uniform+uniform ablation), ``trace`` (predictor on history features) and ``trace_ready`` (the
-same plus the frozen reference's readiness l_k/V_k, as when TRACE credit is on). Each trace
+same plus the frozen reference's readiness l_k/V_k, as when TRACE credit is on), each once with
+the spec's ``trace_min_per_prompt=2`` and once with 8 (``_min8``: fewer, fuller groups). Each trace
 variant trains its own predictor online on its own trees after each step (as in training).
 Held-out AUC: chain rollouts on test-split questions (never trained on), scored after each
 predictor update; ``anchors`` restricts to the boundaries stage 2 ranks.
 
-Usage: ``python benchmarks/allocation_effective_ratio.py [--quick]``; writes
+Usage: ``python benchmarks/allocation_effective_ratio.py [--quick] [--seeds 5]``; writes
 ``benchmarks/results/allocation_effective_ratio.json``.
 """
 
@@ -48,7 +49,21 @@ from tracerl.rollout.engine import EngineConfig, RolloutEngine
 from tracerl.rollout.schemes import SchemeConfig, expandable_nodes, get_scheme
 
 OUT = Path(__file__).parent / "results" / "allocation_effective_ratio.json"
-SCHEMES = ("chain", "dapo", "tree_random", "trace_uniform", "trace", "trace_ready")
+BASELINES = ("chain", "dapo", "tree_random", "trace_uniform")
+
+
+def scheme_names(args: argparse.Namespace) -> list[str]:
+    """Baselines, then ``trace``/``trace_ready`` per ``--trace-min-per-prompt`` value (``_minM`` after the first)."""
+    return list(BASELINES) + predicted_names(args)
+
+
+def predicted_names(args: argparse.Namespace) -> list[str]:
+    """The trace variants with their own online predictor (``trace_ready*`` also gets readiness)."""
+    out = []
+    for i, m in enumerate(args.trace_min_per_prompt):
+        tag = "" if i == 0 else f"_min{m}"
+        out += [f"trace{tag}", f"trace_ready{tag}"]
+    return out
 
 
 def _args() -> argparse.Namespace:
@@ -59,8 +74,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--budget", type=int, default=64, help="continuation rollouts per step")
     p.add_argument("--pool", type=int, default=16, help="prompts offered per step")
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--trace-min-per-prompt", type=int, default=2,
-                   help="SchemeConfig.trace_min_per_prompt (the spec's default is 2)")
+    p.add_argument("--trace-min-per-prompt", type=int, nargs="+", default=[2, 8],
+                   help="SchemeConfig.trace_min_per_prompt values to run trace with (the spec's default is 2)")
     p.add_argument("--tasks", type=int, default=64, help="training prompts cycled through")
     p.add_argument("--heldout", type=int, default=24, help="held-out prompts for the predictor's AUC")
     p.add_argument("--preset", default="default", help="tiny model preset")
@@ -122,16 +137,16 @@ def heldout_auc(pred: SuccessPredictor, trees: list[RolloutTree], anchors_only: 
     return weighted_auc(pred.predict_nodes(picked, ids), wins, losses) if ids else float("nan")
 
 
-PREDICTED = ("trace", "trace_ready")
-"""Schemes with their own online predictor; ``trace_ready`` also feeds it reference readiness."""
-
-
-def _scheme(name: str, cfg: SchemeConfig, preds: dict[str, SuccessPredictor], scorer: ReferenceScorer) -> Any:
+def _scheme(name: str, args: argparse.Namespace, preds: dict[str, SuccessPredictor], scorer: ReferenceScorer) -> Any:
+    cfg = SchemeConfig(group_size=args.group_size)
     if name == "trace_uniform":  # the uniform+uniform ablation: trace without a predictor
         return get_scheme("trace", cfg)
-    if name == "trace_ready":
-        return get_scheme("trace", cfg, predictor=preds[name], readiness=scorer.readiness)
-    return get_scheme(name, cfg, predictor=preds.get(name))
+    if name not in preds:
+        return get_scheme(name, cfg)
+    mins = {n: args.trace_min_per_prompt[i // 2] for i, n in enumerate(predicted_names(args))}
+    cfg = SchemeConfig(group_size=args.group_size, trace_min_per_prompt=mins[name])
+    readiness = scorer.readiness if name.startswith("trace_ready") else None
+    return get_scheme("trace", cfg, predictor=preds[name], readiness=readiness)
 
 
 def _score_all(trees: list[RolloutTree], tasks: dict[str, Task], scorer: ReferenceScorer) -> None:
@@ -147,23 +162,24 @@ def run_seed(seed: int, args: argparse.Namespace, engine: RolloutEngine, train: 
     tasks = [train[i] for i in order]
     scorer = ReferenceScorer(engine.backend.model, engine.tokenizer, engine.fmt)
     held = test[: args.heldout]
-    heldout = {"trace": engine.rollout(held, [4] * len(held), generator=g)[0]}
-    heldout["trace_ready"] = copy.deepcopy(heldout["trace"])
-    _score_all(heldout["trace_ready"], {t.id: t for t in held}, scorer)
-    cfg = SchemeConfig(group_size=args.group_size, trace_min_per_prompt=args.trace_min_per_prompt)
-    preds = {name: SuccessPredictor() for name in PREDICTED}
-    out: dict[str, Any] = {name: [] for name in SCHEMES}
-    out["predictor"] = {name: [] for name in PREDICTED}
+    plain = engine.rollout(held, [4] * len(held), generator=g)[0]
+    scored = copy.deepcopy(plain)
+    _score_all(scored, {t.id: t for t in held}, scorer)
+    names, predicted = scheme_names(args), predicted_names(args)
+    heldout = {name: scored if name.startswith("trace_ready") else plain for name in predicted}
+    preds = {name: SuccessPredictor() for name in predicted}
+    out: dict[str, Any] = {name: [] for name in names}
+    out["predictor"] = {name: [] for name in predicted}
     for step in range(args.steps):
         start = (step * args.pool) % len(tasks)
         pool = (tasks + tasks)[start : start + args.pool]
-        for name in SCHEMES:
+        for name in names:
             clock = time.perf_counter()
             gen = torch.Generator().manual_seed(seed * 1000 + step)
-            res = _scheme(name, cfg, preds, scorer).collect(engine, pool, args.budget, gen)
+            res = _scheme(name, args, preds, scorer).collect(engine, pool, args.budget, gen)
             row = {"effective_ratio": res.effective_ratio, "rollouts": res.cost.rollouts,
                    "generated_tokens": res.cost.generated_tokens, "seconds": time.perf_counter() - clock, **res.info}
-            if name in PREDICTED:
+            if name in preds:
                 fresh = preds[name].update(res.trees)
                 out["predictor"][name].append({k: _finite(v) for k, v in {
                     "fresh_auc": fresh["auc"], "fresh_brier": fresh["brier"],
@@ -172,7 +188,7 @@ def run_seed(seed: int, args: argparse.Namespace, engine: RolloutEngine, train: 
                 }.items()})
             engine.forget(res.trees)
             out[name].append(row)
-        print(f"seed {seed} step {step}: " + " ".join(f"{n}={out[n][-1]['effective_ratio']:.2f}" for n in SCHEMES)
+        print(f"seed {seed} step {step}: " + " ".join(f"{n}={out[n][-1]['effective_ratio']:.2f}" for n in names)
               + f" heldout_auc={out['predictor']['trace'][-1]['heldout_auc']}", flush=True)
     return out
 
@@ -189,7 +205,7 @@ def _mean(xs: list[float | None]) -> float | None:
 
 def summarise(runs: list[dict], args: argparse.Namespace) -> dict[str, Any]:
     schemes = {}
-    for name in SCHEMES:
+    for name in scheme_names(args):
         per_seed = [_mean([r["effective_ratio"] for r in run[name]]) for run in runs]
         rows = [r for run in runs for r in run[name]]
         schemes[name] = {
@@ -214,7 +230,7 @@ def summarise(runs: list[dict], args: argparse.Namespace) -> dict[str, Any]:
             key: [_mean([run["predictor"][name][s][key] for run in runs]) for s in range(args.steps)]
             for key in ("fresh_auc", "fresh_brier", "heldout_auc", "heldout_auc_anchors")
         }
-        for name in PREDICTED
+        for name in predicted_names(args)
     }
     return {
         "schemes": schemes,
