@@ -125,6 +125,16 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def save_figure(fig: Any, out: Path) -> Path:
+    """Lay out, write and close a matplotlib figure (each benchmark's PNG)."""
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return out
+
+
 def write_json(path: Path, data: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rounded(data), indent=2) + "\n")

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    save_figure,
     RESULTS,
     add_config_args,
     configure_torch,
@@ -183,10 +184,7 @@ def plot(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], out: Pa
     for ax in axes.flat:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from common import (
+    save_figure,
     RESULTS,
     add_config_args,
     configure_torch,
@@ -181,10 +182,7 @@ def plot(summary: dict[str, Any], out: Path) -> Path:
         axes[1].legend(fontsize=8)
     for ax in axes:
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from common import (
+    save_figure,
     RESULTS,
     add_config_args,
     configure_torch,
@@ -156,10 +157,7 @@ def plot(summary: dict[str, Any], out: Path) -> Path:
     for ax in axes:
         ax.grid(alpha=0.3, axis="y")
         ax.tick_params(axis="x", rotation=20)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def main() -> None:

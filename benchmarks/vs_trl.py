@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from common import RESULTS, configure_torch, fresh_dir, machine, mean, median, write_json
+from common import RESULTS, configure_torch, fresh_dir, machine, mean, median, save_figure, write_json
 
 INSTALL = ("python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0 && "
            ".venv-bench/bin/pip install transformers==5.24.0 trl -e .")
@@ -280,10 +280,7 @@ def plot(frameworks: dict[str, Any], out: Path) -> Path:
         ax.bar(names, [frameworks[n][key] or 0.0 for n in names], color=["tab:blue", "tab:orange"][: len(names)])
         ax.set(title=title)
         ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def main() -> None:
