@@ -13,13 +13,15 @@ rollouts per step. Every scheme sees the same pools and the same seed.
 Schemes: chain, dapo, tree_random, ``trace_uniform`` (trace without a predictor: the paper's
 uniform+uniform ablation), ``trace`` (predictor on history features) and ``trace_ready`` (the
 same plus the frozen reference's readiness l_k/V_k, as when TRACE credit is on), each once with
-the spec's ``trace_min_per_prompt=2`` and once with 8 (``_min8``: fewer, fuller groups). Each trace
+the scheme's default floor (a selected prompt gets at least ``group_size`` rollouts) and once
+with the spec's floor of 2 (``_min2``: more, smaller groups). Each trace
 variant trains its own predictor online on its own trees after each step (as in training).
 Held-out AUC: chain rollouts on test-split questions (never trained on), scored after each
 predictor update; ``anchors`` restricts to the boundaries stage 2 ranks.
 
 Usage: ``python benchmarks/allocation_effective_ratio.py [--quick] [--seeds 5]``; writes
-``benchmarks/results/allocation_effective_ratio.json``.
+``benchmarks/results/allocation_effective_ratio.json``. ``--max-hops 2 --search-top-k 2`` gives
+the training benchmarks' (and the demo's) setting.
 """
 
 from __future__ import annotations
@@ -53,15 +55,15 @@ BASELINES = ("chain", "dapo", "tree_random", "trace_uniform")
 
 
 def scheme_names(args: argparse.Namespace) -> list[str]:
-    """Baselines, then ``trace``/``trace_ready`` per ``--trace-min-per-prompt`` value (``_minM`` after the first)."""
+    """Baselines, then ``trace``/``trace_ready`` per ``--trace-min-per-prompt`` value (``_minM`` when set)."""
     return list(BASELINES) + predicted_names(args)
 
 
 def predicted_names(args: argparse.Namespace) -> list[str]:
     """The trace variants with their own online predictor (``trace_ready*`` also gets readiness)."""
     out = []
-    for i, m in enumerate(args.trace_min_per_prompt):
-        tag = "" if i == 0 else f"_min{m}"
+    for m in args.trace_min_per_prompt:
+        tag = f"_min{m}" if m else ""
         out += [f"trace{tag}", f"trace_ready{tag}"]
     return out
 
@@ -74,8 +76,11 @@ def _args() -> argparse.Namespace:
     p.add_argument("--budget", type=int, default=64, help="continuation rollouts per step")
     p.add_argument("--pool", type=int, default=16, help="prompts offered per step")
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--trace-min-per-prompt", type=int, nargs="+", default=[2, 8],
-                   help="SchemeConfig.trace_min_per_prompt values to run trace with (the spec's default is 2)")
+    p.add_argument("--trace-min-per-prompt", type=int, nargs="+", default=[0, 2],
+                   help="SchemeConfig.trace_min_per_prompt values to run trace with (0: unset, i.e. group_size; "
+                        "the spec's floor is 2)")
+    p.add_argument("--max-hops", type=int, default=None, help="questions of at most this many hops (default: the world's)")
+    p.add_argument("--search-top-k", type=int, default=3, help="search results per call")
     p.add_argument("--tasks", type=int, default=64, help="training prompts cycled through")
     p.add_argument("--heldout", type=int, default=24, help="held-out prompts for the predictor's AUC")
     p.add_argument("--preset", default="default", help="tiny model preset")
@@ -101,22 +106,23 @@ def _policy(args: argparse.Namespace) -> tuple[HFPolicy, str]:
     return HFPolicy.from_pretrained(path, dtype=torch.float32), path
 
 
-def _world_config(model_dir: str, fact_seed: int) -> WorldConfig:
+def _world_config(model_dir: str, fact_seed: int, max_hops: int | None) -> WorldConfig:
     """The tiny model's own world sizes and names (``tiny_config.json``) with an unseen fact seed."""
+    hops = {} if max_hops is None else {"max_hops": max_hops}
     cfg_path = Path(model_dir) / "tiny_config.json"
     if not cfg_path.exists():
-        return WorldConfig(fact_seed=fact_seed)
+        return WorldConfig(fact_seed=fact_seed, **hops)
     tiny = json.loads(cfg_path.read_text())
     seen = range(tiny["first_fact_seed"], tiny["first_fact_seed"] + tiny["num_worlds"])
     if fact_seed in seen:
         raise ValueError(f"fact seed {fact_seed} is one of the model's pretraining worlds {seen}")
-    return replace(WorldConfig(**tiny["world"]), fact_seed=fact_seed)
+    return replace(WorldConfig(**tiny["world"]), fact_seed=fact_seed, **hops)
 
 
-def _engine(policy: HFPolicy, world_cfg: WorldConfig) -> tuple[RolloutEngine, list[Task], list[Task]]:
+def _engine(policy: HFPolicy, world_cfg: WorldConfig, top_k: int) -> tuple[RolloutEngine, list[Task], list[Task]]:
     world = build_world(world_cfg)
     cfg = EngineConfig()
-    tools = search_tools(SearchIndex(world.documents), top_k=3, max_tokens=cfg.max_observation_tokens)
+    tools = search_tools(SearchIndex(world.documents), top_k=top_k, max_tokens=cfg.max_observation_tokens)
     env = ToolEnvironment(tools, EnvConfig(max_turns=cfg.max_turns, max_observation_tokens=cfg.max_observation_tokens))
     return RolloutEngine(policy, env, get_format("react"), exact_match, cfg), world.train, world.test
 
@@ -144,7 +150,7 @@ def _scheme(name: str, args: argparse.Namespace, preds: dict[str, SuccessPredict
     if name not in preds:
         return get_scheme(name, cfg)
     mins = {n: args.trace_min_per_prompt[i // 2] for i, n in enumerate(predicted_names(args))}
-    cfg = SchemeConfig(group_size=args.group_size, trace_min_per_prompt=mins[name])
+    cfg = SchemeConfig(group_size=args.group_size, trace_min_per_prompt=mins[name] or None)
     readiness = scorer.readiness if name.startswith("trace_ready") else None
     return get_scheme("trace", cfg, predictor=preds[name], readiness=readiness)
 
@@ -244,8 +250,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     policy, path = _policy(args)
-    world_cfg = _world_config(path, args.fact_seed)
-    engine, train, test = _engine(policy, world_cfg)
+    world_cfg = _world_config(path, args.fact_seed, args.max_hops)
+    engine, train, test = _engine(policy, world_cfg, args.search_top_k)
     runs: list[dict] = []
     for seed in range(args.seeds):  # the JSON is rewritten after every seed: a killed run keeps its data
         runs.append(run_seed(seed, args, engine, train, test))

@@ -12,7 +12,9 @@ as ``predictor`` (both are timed by wrapping the scorer's and the predictor's me
 grpo's in the same round; ``trace_over_grpo_per_token`` divides seconds per generated token
 instead (the methods generate different amounts: trees reuse prefixes), and
 ``trace_added_phases_over_grpo`` is trace's scoring + predictor time over grpo's step time (what
-TRACE adds on top of a rollout and an update).
+TRACE adds on top of a rollout and an update). ``update_ms_per_trained_token`` separates the
+update's cost from its size: the trainer skips rows whose advantage is zero everywhere, so a
+method whose batch carries more signal (mixed groups, dense turn credit) trains more tokens.
 
     python benchmarks/step_overhead.py --quick   # 7 methods x 3 rounds (first dropped): ~1.5 min on 2 cores
     python benchmarks/step_overhead.py           # 7 methods x 12 rounds (first 2 dropped): ~8 min
@@ -125,9 +127,15 @@ def measure(args: argparse.Namespace, overrides: list[str]) -> dict[str, list[di
             phases = phases_of(record, watches[method].take())
             steps[method].append({"round": rnd, "step_seconds": record["step_seconds"], "phases": phases,
                                   "generated_tokens": record["generated_tokens"], "rollouts": record["rollouts"],
-                                  "trajectories": record["trajectories"]})
+                                  "trajectories": record["trajectories"], "trained_tokens": record["trained_tokens"]})
         print(f"round {rnd}: " + "  ".join(f"{m}={steps[m][-1]['step_seconds']:.2f}s" for m in args.methods), flush=True)
     return steps
+
+
+def _per_token(seconds: list[float], tokens: list[float]) -> float | None:
+    """Milliseconds per token over the steps that trained any (rows with zero advantage are skipped)."""
+    total = sum(t for t in tokens if t)
+    return 1000 * sum(s for s, t in zip(seconds, tokens) if t) / total if total else None
 
 
 def summarise(steps: dict[str, list[dict[str, Any]]], warmup: int) -> dict[str, Any]:
@@ -140,6 +148,9 @@ def summarise(steps: dict[str, list[dict[str, Any]]], warmup: int) -> dict[str, 
             "step_seconds": median([r["step_seconds"] for r in rows]),
             "generated_tokens": mean([r["generated_tokens"] for r in rows]),
             "ms_per_generated_token": 1000 * sum(r["step_seconds"] for r in rows) / max(tokens, 1),
+            "trained_tokens": mean([r["trained_tokens"] for r in rows]),
+            "update_ms_per_trained_token": _per_token([r["phases"]["update"] for r in rows],
+                                                      [r["trained_tokens"] for r in rows]),
             "over_grpo": median([r["step_seconds"] / g["step_seconds"] for r, g in zip(rows, kept["grpo"])]),
         }
     out: dict[str, Any] = {"methods": methods, "phases": list(PHASES)}

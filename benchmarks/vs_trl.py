@@ -20,7 +20,10 @@ of ``_generate_and_score_completions``) and ``update`` (loss, backward, clipping
 tracerl (A-B-A) so machine drift cancels; the first ``--warmup`` steps of every block are dropped.
 
 Throughputs: ``generation_tokens_per_s`` (policy-sampled tokens per second of sampling) and
-``update_tokens_per_s`` (prompt + completion tokens per second of update). TRL does not stop on
+``update_tokens_per_s`` (the batch's prompt + completion tokens per second of update: what a batch
+costs) and ``update_forwarded_tokens_per_s`` (only the tokens of rows the update forwards: tracerl
+skips rows whose advantage is zero everywhere, which gives the same gradient without a KL term,
+while TRL forwards every row; this one compares the raw forward/backward speed). TRL does not stop on
 the react stop string ``Observation:`` (tracerl does), so a completion that calls a tool instead
 of answering runs on to EOS or the length cap in TRL; compare tokens per second, not per step.
 
@@ -147,11 +150,14 @@ def tracerl_trainer(args: argparse.Namespace, folder: Path, tasks: list[Any], do
         "log.checkpoint_every=1000000", f"seed={args.seed}", "steps=1000000",
     ])
     trainer = Trainer(config, fresh_dir(args.work_dir / f"vs_trl_tracerl_{tag}"))
-    sizes: list[int] = []
+    sizes: list[tuple[int, int]] = []
     update = trainer._update
 
-    def counted(pairs: list) -> dict[str, float]:  # records the tokens the update forwards
-        sizes.append(sum(len(t.token_ids) for t, _ in pairs))
+    def counted(pairs: list) -> dict[str, float]:
+        """Batch tokens, and the tokens of rows the update forwards (all-zero-advantage rows are skipped)."""
+        batch = sum(len(t.token_ids) for t, _ in pairs)
+        forwarded = sum(len(t.token_ids) for t, adv in pairs if bool(torch.as_tensor(adv).abs().sum() > 0))
+        sizes.append((batch, forwarded))
         return update(pairs)
 
     trainer._update = counted
@@ -167,7 +173,8 @@ def run_tracerl(trainer: Any, steps: int, warmup: int) -> list[dict[str, float]]
             rows.append({"generation_seconds": record["time_rollout"], "update_seconds": record["time_update"],
                          "prepare_seconds": record["time_scoring"] + record["time_advantages"],
                          "step_seconds": record["step_seconds"], "generated_tokens": record["generated_tokens"],
-                         "sequence_tokens": trainer.sequence_tokens[-1], "completions": record["trajectories"],
+                         "sequence_tokens": trainer.sequence_tokens[-1][0],
+                         "forwarded_tokens": trainer.sequence_tokens[-1][1], "completions": record["trajectories"],
                          "reward_mean": record["reward_mean"]})
     return rows
 
@@ -202,6 +209,7 @@ def run_trl(args: argparse.Namespace, folder: Path, tasks: list[Any], prompts: l
             self._bench = {"generation_seconds": time.perf_counter() - start,
                            "generated_tokens": sum(len(c) for c in completion_ids),
                            "sequence_tokens": sum(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)),
+                           "forwarded_tokens": sum(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)),
                            "completions": len(completion_ids)}
             return out
 
@@ -256,6 +264,8 @@ def summarise(rows: list[dict[str, float]]) -> dict[str, float | None]:
     return {
         "generation_tokens_per_s": sum(r["generated_tokens"] for r in rows) / gen_s if gen_s else None,
         "update_tokens_per_s": sum(r["sequence_tokens"] for r in rows) / upd_s if upd_s else None,
+        "update_forwarded_tokens_per_s": sum(r["forwarded_tokens"] for r in rows) / upd_s if upd_s else None,
+        "update_forwarded_fraction": sum(r["forwarded_tokens"] for r in rows) / max(sum(r["sequence_tokens"] for r in rows), 1),
         "completions_per_s": sum(r["completions"] for r in rows) / sum(r["step_seconds"] for r in rows),
         "step_seconds": median([r["step_seconds"] for r in rows]),
         "generation_seconds": median([r["generation_seconds"] for r in rows]),
@@ -306,7 +316,8 @@ def main() -> None:
     result = {
         "frameworks": frameworks,
         "tracerl_over_trl": {k: frameworks["tracerl"][k] / frameworks["trl"][k]
-                             for k in ("generation_tokens_per_s", "update_tokens_per_s", "completions_per_s")
+                             for k in ("generation_tokens_per_s", "update_tokens_per_s", "update_forwarded_tokens_per_s",
+                                       "completions_per_s")
                              if trl_ok and frameworks["trl"][k]} or None,
         "setting": {"model": str(folder), "prompts_per_step": args.prompts, "generations_per_prompt": args.generations,
                     "max_new_tokens": args.max_new_tokens, "lr": args.lr, "tasks": len(tasks),

@@ -114,7 +114,7 @@ def _trained_predictor(w, engine) -> SuccessPredictor:
 def test_trace_stages_follow_the_allocation_math(setup) -> None:
     w, engine = setup
     pred = _trained_predictor(w, engine)
-    cfg = SchemeConfig(trace_max_per_anchor=2)
+    cfg = SchemeConfig(trace_max_per_anchor=2, trace_min_per_prompt=2)  # the spec's floor: pairs allowed
     pool = w.train[:8]
     prompts = [encode_prompt(engine.tokenizer, engine.fmt.render_prompt(t, engine.tools)) for t in pool]
     values = pred.predict_roots([t.id for t in pool], prompts)
@@ -145,6 +145,17 @@ def test_trace_stages_follow_the_allocation_math(setup) -> None:
     expected = [(t.tree_id, nid, k) for (t, nid), k in zip(anchors, ks) if k]
     stage2 = [e for e in result.expansions if e[1] != 0]
     assert sorted(stage2) == sorted(expected)
+    assert result.cost.rollouts == BUDGET
+
+
+def test_a_selected_prompt_gets_a_full_group_unless_told_otherwise(setup) -> None:
+    assert SchemeConfig().min_per_prompt == 8
+    assert SchemeConfig(group_size=4).min_per_prompt == 4
+    assert SchemeConfig(group_size=4, trace_min_per_prompt=2).min_per_prompt == 2
+    w, engine = setup
+    pred = _trained_predictor(w, engine)
+    result = get_scheme("trace", SchemeConfig(group_size=4), predictor=pred).collect(engine, w.train[:8], BUDGET, _gen(7))
+    assert result.trees and all(len(t.root.children) >= 4 for t in result.trees)
     assert result.cost.rollouts == BUDGET
 
 
@@ -201,7 +212,7 @@ def test_bad_requests_fail_clearly(setup) -> None:
 @given(budget=st.integers(8, 40), fraction=st.sampled_from([0.25, 0.5, 1.0]), cap=st.sampled_from([None, 2, 3]))
 def test_any_budget_is_spent_exactly(setup, budget: int, fraction: float, cap: int | None) -> None:
     w, engine = setup
-    cfg = SchemeConfig(trace_stage1_fraction=fraction, trace_max_per_prompt=cap, trace_rounds=2)
+    cfg = SchemeConfig(trace_stage1_fraction=fraction, trace_min_per_prompt=2, trace_max_per_prompt=cap, trace_rounds=2)
     for name in ("tree_random", "trace"):
         result = get_scheme(name, cfg).collect(engine, w.train, budget, _gen(budget))
         assert result.cost.rollouts == budget == sum(len(t.leaves()) for t in result.trees)

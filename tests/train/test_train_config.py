@@ -62,6 +62,12 @@ def test_bad_values_fail_at_load_time_naming_the_field(override: str, expected: 
     assert expected in str(info.value)
 
 
+def test_trace_budget_below_its_group_floor_fails_at_load_time() -> None:
+    with pytest.raises(ConfigError, match="rollout.budget = 6 is below the 8 rollouts"):
+        resolve_config("trace", overrides=["rollout.budget=6"])
+    assert resolve_config("trace", overrides=["rollout.budget=6", "rollout.schemes.trace_min_per_prompt=2"])
+
+
 def test_unknown_preset_lists_the_valid_ones() -> None:
     with pytest.raises(ConfigError, match="valid presets: grpo, dapo, gigpo"):
         resolve_config("ppo")

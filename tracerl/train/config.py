@@ -106,6 +106,12 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         _one_of("rollout", "scheme", self.scheme, SCHEME_NAMES)
         _positive("rollout", budget=self.budget, pool_size=self.pool_size)
+        floor = self.schemes.min_per_prompt
+        if self.scheme == "trace" and self.budget < floor:
+            raise ConfigError(
+                f"rollout.budget = {self.budget} is below the {floor} rollouts trace gives a selected prompt at least "
+                "(rollout.schemes.trace_min_per_prompt, or rollout.schemes.group_size when unset)"
+            )
 
 
 @dataclass

@@ -35,6 +35,8 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
     axes[0].set(xlabel="generated tokens (cumulative)", ylabel="held-out accuracy", title="Accuracy vs tokens")
     axes[1].set(xlabel="continuation rollouts (cumulative)", ylabel="held-out accuracy", title="Accuracy vs rollouts")
     axes[2].set(xlabel="step", ylabel="effective ratio", title="Share of mixed groups", ylim=(0, 1))
+    for ax in axes[:2]:  # from zero: a two-point wobble on a plateau should not look like a collapse
+        ax.set_ylim(bottom=0)
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
