@@ -28,9 +28,9 @@ LEARNABLE_SETTING: list[str] = [
     "optim.lr=1e-3",
 ]
 """The default setting of the training benchmarks: the demo's. It is already hard for the embedded
-0.99M-parameter model: greedy base accuracy 0%, about 3% of sampled rollouts succeed, and the demo's
-``trace`` run reaches 23% after 153 steps of 128 rollouts without saturating, so every method is
-still far from saturation at the end of a sweep that fits this machine."""
+0.99M-parameter model: greedy base accuracy 0%, about 2% of sampled rollouts succeed, and what it
+can learn here (one-hop questions, about 24% of the unseen world) takes GRPO 40-50 steps of 64
+rollouts to find at lr 3e-4. Harder settings give it almost no mixed groups (:data:`HARD_SETTING`)."""
 
 HARD_SETTING: list[str] = [
     "data.world.min_hops=1",

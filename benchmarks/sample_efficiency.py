@@ -27,7 +27,7 @@ initial model at all; when it did not, GRPO's final accuracy is reached at step 
 ``tokens_to_grpo_final`` is 0, which then says nothing about sample efficiency.
 
     python benchmarks/sample_efficiency.py --quick   # 7 presets x 1 seed x 4 steps: ~2 min on 2 cores
-    python benchmarks/sample_efficiency.py           # 7 presets x 3 seeds x 200 steps: ~80 min of one core
+    python benchmarks/sample_efficiency.py           # 7 presets x 5 seeds x 200 steps: ~130 min of one core
 
 Shards: ``--methods``/``--seed-list`` with ``--out`` run part of the sweep (one process per core),
 ``--merge A.json B.json`` summarises the shards into ``--out``.
@@ -66,7 +66,7 @@ SLOWER = ("optim.lr=3e-4",)
 """After the demo's setting: the library's default learning rate instead of the demo's 1e-3, so that
 GRPO needs about 50 steps to find the one-hop strategy and creeps up for 150 more (at 1e-3 every
 method reached its plateau within 20-40 steps; that sweep is ``sample_efficiency_lr1e-3.json``:
-``--set optim.lr=1e-3 --steps 100``)."""
+``--set optim.lr=1e-3 --steps 100 --seeds 3``)."""
 QUICK = ["rollout.budget=16", "rollout.pool_size=8", "rollout.schemes.group_size=4", "rollout.schemes.tree_initial=2",
          "rollout.schemes.tree_expand_nodes=1", "eval.every=2", "eval.size=32"]
 
@@ -75,7 +75,7 @@ def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="1 seed x 4 steps, budget 16, 32 eval questions.")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed-list", type=int, nargs="+", help="Run these seeds instead of 0..--seeds-1 (a shard).")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--merge", type=Path, nargs="+", metavar="SHARD.json",
