@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 from common import (
-    save_figure,
     RESULTS,
     add_config_args,
     configure_torch,
@@ -54,6 +53,7 @@ from common import (
     machine,
     mean,
     resolve,
+    save_figure,
     setting_overrides,
     std,
     write_json,

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from common import (
-    save_figure,
     RESULTS,
     add_config_args,
     configure_torch,
@@ -39,6 +38,7 @@ from common import (
     mean,
     median,
     resolve,
+    save_figure,
     setting_overrides,
     write_json,
 )

@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from common import (
-    save_figure,
     RESULTS,
     add_config_args,
     configure_torch,
@@ -38,6 +37,7 @@ from common import (
     machine,
     mean,
     resolve,
+    save_figure,
     setting_overrides,
     write_json,
 )

@@ -136,6 +136,7 @@ def tracerl_trainer(args: argparse.Namespace, folder: Path, tasks: list[Any], do
     from tracerl.envs.data import write_corpus, write_tasks
     from tracerl.train.config import resolve_config
     from tracerl.train.loop import Trainer
+    from tracerl.train.update import carries_signal
 
     data_dir = args.work_dir / "vs_trl_data"
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -156,7 +157,7 @@ def tracerl_trainer(args: argparse.Namespace, folder: Path, tasks: list[Any], do
     def counted(pairs: list) -> dict[str, float]:
         """Batch tokens, and the tokens of rows the update forwards (all-zero-advantage rows are skipped)."""
         batch = sum(len(t.token_ids) for t, _ in pairs)
-        forwarded = sum(len(t.token_ids) for t, adv in pairs if bool(torch.as_tensor(adv).abs().sum() > 0))
+        forwarded = sum(len(t.token_ids) for t, adv in pairs if carries_signal(adv))
         sizes.append((batch, forwarded))
         return update(pairs)
 

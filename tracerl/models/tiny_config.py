@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -42,7 +42,7 @@ class TinyModelConfig:
     """Initial weight of Qwen3's per-head q/k RMSNorms (normed queries and keys cap attention
     logits near ``sqrt(head_dim) * w**2``; 2.0 did not speed up copying in our runs)."""
     # --- data ---
-    world: WorldConfig = field(default_factory=lambda: DEFAULT_WORLD)
+    world: WorldConfig = DEFAULT_WORLD  # frozen, so one shared instance is safe
     """Names and sizes of every pretraining world (its fact seed is replaced per world).
     Evaluate on worlds with the same name seed and sizes (names outside the vocabulary are
     ``<unk>``) and a fact seed outside ``first_fact_seed .. first_fact_seed + num_worlds - 1``."""
@@ -52,7 +52,7 @@ class TinyModelConfig:
     doc_rows_per_world: int = 24
     """Rows of ``docs_per_row`` random documents per world (world text, rendered as search hits)."""
     docs_per_row: int = 6
-    explorer: ExplorerConfig = field(default_factory=lambda: DEFAULT_EXPLORER)
+    explorer: ExplorerConfig = DEFAULT_EXPLORER  # frozen, so one shared instance is safe
     max_turns: int = 8
     """Environment turn limit while exploring (the engine's default)."""
     context_loss_weight: float = 0.3

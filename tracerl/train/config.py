@@ -41,7 +41,7 @@ class DataConfig:
 
     source: str = "synthwiki"
     """``synthwiki`` (the built-in world, re-drawn per training world) or ``files`` (JSONL)."""
-    world: WorldConfig = field(default_factory=lambda: DEFAULT_WORLD)
+    world: WorldConfig = DEFAULT_WORLD  # frozen, so one shared instance is safe
     """Names and sizes of SynthWiki worlds (those the embedded tiny model knows); the fact seed
     is replaced per world below."""
     train_worlds: int = 8

@@ -124,7 +124,12 @@ def _micro_batches(trajectories: Sequence[Trajectory], advantages: Sequence[Tens
     In GRPO-style batches that skips every all-success or all-failure group.
     """
     needs_kl = with_kl and settings.kl_coef > 0
-    keep = [i for i, a in enumerate(advantages) if needs_kl or bool(a.abs().sum() > 0)]
+    keep = [i for i, a in enumerate(advantages) if needs_kl or carries_signal(a)]
     keep.sort(key=lambda i: len(trajectories[i].token_ids))
     size = settings.micro_batch_size
     return [keep[i : i + size] for i in range(0, len(keep), size)]
+
+
+def carries_signal(advantage: Tensor) -> bool:
+    """Whether a row's advantage is non-zero anywhere; without KL, a row that is not is skipped."""
+    return bool(advantage.abs().sum() > 0)
