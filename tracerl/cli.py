@@ -1,22 +1,69 @@
-"""The ``tracerl`` command line: parses arguments and calls into the package; no logic here."""
+"""The ``tracerl`` command line: parses arguments and calls into the package; no logic here.
+
+Every command runs under :func:`_guarded`: a failure the user caused prints ONE line on
+stderr (``<command> failed: <what and what to do>``) and exits 1 (2 for usage errors); a bug
+keeps its traceback. ``tracerl --debug ...`` (or ``TRACERL_DEBUG=1``) shows the traceback of
+any failure. The decision is :func:`tracerl.errors.one_line`.
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import typer
+
+from tracerl.errors import UsageError, exit_code, one_line
 
 app = typer.Typer(
     name="tracerl",
     help="RL for multi-turn tool-using LLM agents (TRACE allocation and TRACE credit).",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_show_locals=False,  # a bug's traceback must not dump tensors and configs
 )
 world_app = typer.Typer(help="Build and inspect SynthWiki worlds.", no_args_is_help=True)
 app.add_typer(world_app, name="world")
+
+_STATE: dict[str, Any] = {"debug": False, "writing": None}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@app.callback()
+def _main(
+    debug: bool = typer.Option(False, "--debug", envvar="TRACERL_DEBUG",
+                               help="Show the full traceback of any failure (also: TRACERL_DEBUG=1)."),
+) -> None:
+    """RL for multi-turn tool-using LLM agents (TRACE allocation and TRACE credit)."""
+    _STATE["debug"] = debug
+
+
+def _guarded(what: str) -> Callable[[F], F]:
+    """Run a command so that a user-caused failure ends in one line on stderr and a non-zero exit."""
+
+    def wrap(command: F) -> F:
+        @functools.wraps(command)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            _STATE["writing"] = None
+            try:
+                return command(*args, **kwargs)
+            except Exception as exc:  # KeyboardInterrupt and typer.Exit pass through untouched
+                message = None if _STATE["debug"] else one_line(exc, writing=_STATE["writing"])
+                if message is None:
+                    raise  # a bug (or --debug): the traceback is the report
+                typer.echo(f"{what} failed: {message}", err=True)
+                raise typer.Exit(code=exit_code(exc)) from None
+
+        return run  # type: ignore[return-value]
+
+    return wrap
 
 # --- environments (world build, env-check) -------------------------------------------------
 
 
 @world_app.command("build")
+@_guarded("world build")
 def world_build(
     seed: int = typer.Option(..., help="Fact seed: who is related to whom (a new seed is an unseen world)."),
     out: str = typer.Option(..., help="Output folder for corpus.jsonl, train.jsonl and test.jsonl."),
@@ -38,6 +85,7 @@ def world_build(
 
 
 @app.command("env-check")
+@_guarded("env-check")
 def env_check(
     tasks: str = typer.Option(..., help="Tasks JSONL (id, question, answers, supporting_titles)."),
     corpus: str = typer.Option(..., help="Corpus JSONL (id, title, text)."),
@@ -50,17 +98,14 @@ def env_check(
 
     from tracerl.envs.check import run_env_check
 
-    try:
-        summary = run_env_check(tasks, corpus, policy=policy, limit=limit, seed=seed)
-    except (ValueError, OSError) as exc:
-        typer.echo(f"env-check failed: {exc}", err=True)
-        raise typer.Exit(code=1) from None
+    summary = run_env_check(tasks, corpus, policy=policy, limit=limit, seed=seed)
     typer.echo(json.dumps(summary, indent=2))
 
 # --- models (pretrain, eval) ----------------------------------------------------------------
 
 
 @app.command("pretrain")
+@_guarded("pretrain")
 def pretrain(
     out: str = typer.Option(None, "--out", help="Also copy the model to this folder."),
     steps: int = typer.Option(None, help="Optimiser steps (default from the preset)."),
@@ -70,15 +115,13 @@ def pretrain(
     """Pretrain the embedded tiny base model (or reuse the cached one) and print its folder."""
     from tracerl.models.tiny import pretrained_folder
 
-    try:
-        path = pretrained_folder(preset, out=out, steps=steps, seed=seed)
-    except (ValueError, OSError) as exc:
-        typer.echo(f"pretrain failed: {exc}", err=True)
-        raise typer.Exit(code=1) from None
+    _STATE["writing"] = out
+    path = pretrained_folder(preset, out=out, steps=steps, seed=seed)
     typer.echo(str(path))
 
 
 @app.command("eval")
+@_guarded("eval")
 def eval_model(
     model: str = typer.Option(..., help="Model folder (or hub name) loadable by AutoModelForCausalLM."),
     tasks: str = typer.Option(..., help="Tasks JSONL (id, question, answers)."),
@@ -100,14 +143,11 @@ def eval_model(
     from tracerl.rollout.engine import EngineConfig
     from tracerl.rollout.evaluate import run_eval
 
-    try:
-        config = EngineConfig(max_turns=max_turns, max_turn_tokens=max_turn_tokens,
-                              max_total_tokens=max_total_tokens, temperature=temperature)
-        metrics = run_eval(model, tasks, corpus, samples=samples, limit=limit, out=out,
-                           format_name=format, config=config, seed=seed, device=device)
-    except (ValueError, OSError) as exc:
-        typer.echo(f"eval failed: {exc}", err=True)
-        raise typer.Exit(code=1) from None
+    config = EngineConfig(max_turns=max_turns, max_turn_tokens=max_turn_tokens,
+                          max_total_tokens=max_total_tokens, temperature=temperature)
+    _STATE["writing"] = out
+    metrics = run_eval(model, tasks, corpus, samples=samples, limit=limit, out=out,
+                       format_name=format, config=config, seed=seed, device=device)
     typer.echo(json.dumps(metrics, indent=2))
 
 # --- training (train, config show, plot, demo) ----------------------------------------------
@@ -116,12 +156,8 @@ config_app = typer.Typer(help="Inspect training configs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
 
-def _fail(what: str, exc: Exception) -> None:
-    typer.echo(f"{what} failed: {exc}", err=True)
-    raise typer.Exit(code=1)
-
-
 @app.command("train")
+@_guarded("train")
 def train(
     preset: str = typer.Argument(None, help="grpo, dapo, gigpo, tree_grpo, trace_alloc, trace_credit or trace."),
     out: str = typer.Option(None, "--out", help="Run folder (metrics.jsonl, checkpoints)."),
@@ -134,19 +170,34 @@ def train(
     """Train a policy with one of the method presets."""
     from tracerl.train.run import resume_training, start_training
 
-    try:
-        if resume:
-            start = resume_training(resume, steps=steps)
-        else:
-            if not preset or not out:
-                raise ValueError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")
-            start = start_training(preset, out, config_file=config, overrides=set_ or [], steps=steps, smoke=smoke)
-    except (ValueError, OSError) as exc:
-        _fail("train", exc)
+    if steps is not None and steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {steps}")
+    _STATE["writing"] = resume or out
+    if resume:
+        start = resume_training(resume, steps=steps)
+    else:
+        if not preset or not out:
+            raise UsageError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")
+        _preflight(preset, config, set_ or [], smoke)
+        start = start_training(preset, out, config_file=config, overrides=set_ or [], steps=steps, smoke=smoke)
     start()
 
 
+def _preflight(preset: str, config_file: str | None, overrides: list[str], smoke: bool) -> None:
+    """Check what a fresh run needs (config, data files, model source) before its folder exists."""
+    from tracerl.train.config import resolve_config
+    from tracerl.train.config_checks import check_model_source
+    from tracerl.train.data import check_task_files
+
+    config = resolve_config(preset, config_file=config_file, overrides=overrides, smoke=smoke)
+    check_task_files(config.data)
+    note = check_model_source(config.model.name_or_path)
+    if note:
+        typer.echo(f"note: {note}", err=True)
+
+
 @config_app.command("show")
+@_guarded("config show")
 def config_show(
     preset: str = typer.Argument(..., help="A method preset."),
     config: str = typer.Option(None, "--config", help="YAML file layered over the preset."),
@@ -156,13 +207,11 @@ def config_show(
     """Print the fully resolved config of a preset as YAML."""
     from tracerl.train.config import config_to_yaml, resolve_config
 
-    try:
-        typer.echo(config_to_yaml(resolve_config(preset, config_file=config, overrides=set_ or [], smoke=smoke)))
-    except (ValueError, OSError) as exc:
-        _fail("config show", exc)
+    typer.echo(config_to_yaml(resolve_config(preset, config_file=config, overrides=set_ or [], smoke=smoke)))
 
 
 @app.command("plot")
+@_guarded("plot")
 def plot(
     runs: list[str] = typer.Argument(..., help="Run folders to compare."),
     out: str = typer.Option("curves.png", "--out", help="PNG file to write."),
@@ -172,13 +221,12 @@ def plot(
 
     from tracerl.train.plot import plot_runs
 
-    try:
-        typer.echo(str(plot_runs([Path(r) for r in runs], Path(out))))
-    except (ValueError, OSError) as exc:
-        _fail("plot", exc)
+    _STATE["writing"] = out
+    typer.echo(str(plot_runs([Path(r) for r in runs], Path(out))))
 
 
 @app.command("demo")
+@_guarded("demo")
 def demo(
     out: str = typer.Option("demo_out", "--out", help="Output folder (runs, plots, summary.json)."),
     minutes: float = typer.Option(None, help="Wall-clock budget for the RL phase (default from the demo config)."),
@@ -186,6 +234,7 @@ def demo(
     """The embedded default end to end: world, tiny base model, TRACE training, evaluation, plots."""
     from tracerl.train.demo import run_demo
 
+    _STATE["writing"] = out
     run_demo(out, train_minutes=minutes)
 
 

@@ -51,8 +51,8 @@ def test_smoke_overlay_uses_a_random_tiny_model_and_a_tiny_world() -> None:
         ("algo.estimator=ppo", "algo.estimator = 'ppo' is not valid; allowed values:"),
         ("rollout.scheme=beam", "allowed values: chain, dapo, tree_random, trace"),
         ("optim.lr=fast", 'field "optim.lr"'),
-        ("rollout.engine.max_turns=0", "EngineConfig.max_turns must be >= 1"),
-        ("data.world.max_hops=7", "WorldConfig.max_hops must be <= 4"),
+        ("rollout.engine.max_turns=0", "rollout.engine.max_turns must be >= 1"),
+        ("data.world.max_hops=7", "data.world.max_hops must be <= 4"),
         ("optim.lr=-1", "optim.lr must be > 0"),
     ],
 )

@@ -7,17 +7,19 @@ stage 2: continuations resume from the stored prefix).
 Who is at fault decides the flags: a malformed or wrong call is the policy's fault
 (``error=True``, the episode goes on and the turn counts); an exception or timeout inside a
 tool is the environment's (``infra_failed=True``, the episode ends and the trajectory is left
-out of group statistics and the loss, spec section 2 step 6).
+out of group statistics and the loss, spec section 2 step 6). A tool calling ``sys.exit`` is
+such a failure too; ``KeyboardInterrupt`` propagates (see envs/tools.py). Every call that
+reaches a tool is counted in the environment's :class:`ToolStats` for the run's tool health.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from tracerl.core.types import Action, Task
-from tracerl.envs.tools import ToolCallError, ToolFailure, ToolSet, truncate_words
+from tracerl.envs.health import ToolStats
+from tracerl.envs.tools import ToolCallError, ToolFailure, ToolSet, call_with_timeout, truncate_words
 
 
 @dataclass(frozen=True)
@@ -76,11 +78,13 @@ class ToolEpisode:
     answer: str | None = None
     infra_failed: bool = False
     history: list[tuple[Action, Observation]] = field(default_factory=list)
+    stats: ToolStats = field(default_factory=ToolStats)
+    """The environment's call counters (shared by every episode and clone of it)."""
 
     def clone(self) -> ToolEpisode:
-        """An independent copy sharing the (stateless) tools; counters and history copied."""
+        """An independent copy sharing the (stateless) tools and the stats; history copied."""
         return ToolEpisode(self.task, self.tools, self.config, self.turns_taken, self.done,
-                           self.answer, self.infra_failed, list(self.history))
+                           self.answer, self.infra_failed, list(self.history), stats=self.stats)
 
     def _valid_actions(self) -> tuple[tuple[str, str], ...]:
         return tuple((name, t.parameters[0].name if t.parameters else "") for name, t in self.tools.items())
@@ -88,14 +92,8 @@ class ToolEpisode:
     def _run(self, action: Action) -> str:
         if self.config.tool_timeout_s is None:
             return self.tools.call(action.name, action.arguments)
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-        future = pool.submit(self.tools.call, action.name, action.arguments)
-        try:
-            return future.result(timeout=self.config.tool_timeout_s)
-        except concurrent.futures.TimeoutError:
-            raise ToolFailure(f"tool {action.name} timed out after {self.config.tool_timeout_s} s") from None
-        finally:
-            pool.shutdown(wait=False)
+        return call_with_timeout(lambda: self.tools.call(action.name, action.arguments),
+                                 self.config.tool_timeout_s, what=f"tool {action.name}")
 
     def step(self, action: Action) -> Observation:
         if self.done:
@@ -110,10 +108,12 @@ class ToolEpisode:
             try:
                 text = truncate_words(self._run(action), self.config.max_observation_tokens)
                 obs = Observation(text, done=self._out_of_turns(), error=False)
-            except ToolCallError as exc:
+                self.stats.record()
+            except ToolCallError as exc:  # rejected before the tool ran: not a tool call
                 obs = self._policy_error(str(exc))
             except ToolFailure as exc:
                 self.infra_failed = True
+                self.stats.record(failure=str(exc))
                 obs = Observation(str(exc), done=True, error=True, infra_failed=True)
         self.done = obs.done
         self.history.append((action, obs))
@@ -132,6 +132,8 @@ class ToolEnvironment:
     def __init__(self, tools: ToolSet, config: EnvConfig | None = None) -> None:
         self.tools = tools
         self.config = config or EnvConfig()
+        self.stats = ToolStats()
+        """Calls and infrastructure failures of every episode started here."""
 
     def start(self, task: Task) -> ToolEpisode:
-        return ToolEpisode(task=task, tools=self.tools, config=self.config)
+        return ToolEpisode(task=task, tools=self.tools, config=self.config, stats=self.stats)

@@ -5,12 +5,19 @@ and its type-hinted parameters the argument schema, so a user adds a tool by wri
 function (as in TRL's typed tools). :class:`ToolSet` checks arguments before calling: a
 wrong call is the policy's fault (:class:`ToolCallError`), an exception inside the tool is
 the environment's (:class:`ToolFailure`).
+
+Exceptions outside ``Exception`` are decided one by one: ``SystemExit`` raised by a
+tool (``sys.exit`` in a script turned into a tool) is a :class:`ToolFailure` of that call, so
+a tool can never end the trainer; ``KeyboardInterrupt`` propagates, because it is the user's
+Ctrl-C. :func:`call_with_timeout` runs a call on a daemon thread so a hung tool is abandoned
+without keeping the process alive.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+import threading
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -142,9 +149,40 @@ class ToolSet(Mapping[str, Tool]):
             result = tool.fn(**kwargs)
         except Exception as exc:  # any exception inside a tool is the environment's fault
             raise ToolFailure(f"tool {name} raised {type(exc).__name__}: {exc}") from exc
+        except SystemExit as exc:  # a tool must not end the trainer; KeyboardInterrupt still propagates
+            raise ToolFailure(f"tool {name} called exit({exc.code!r})") from exc
         if not isinstance(result, str):
             raise ToolFailure(f"tool {name} returned {type(result).__name__}, expected str")
         return result
+
+
+def call_with_timeout(fn: Callable[[], str], timeout_s: float, what: str = "tool call") -> str:
+    """``fn()``, or :class:`ToolFailure` when it has not returned within ``timeout_s`` seconds.
+
+    The call runs on a daemon thread that is abandoned on timeout: Python cannot kill a
+    thread, but a daemon one never blocks interpreter exit (a ``ThreadPoolExecutor`` worker
+    does, so a hung tool kept the trainer alive forever). The abandoned call may keep running
+    in the background until it returns. Whatever ``fn`` raises, ``KeyboardInterrupt``
+    included, is re-raised here in the caller's thread.
+    """
+    done = threading.Event()
+    slot: list[Any] = []
+
+    def target() -> None:
+        try:
+            slot.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, which decides
+            slot.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=f"tracerl-{what}", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise ToolFailure(f"{what} timed out after {timeout_s:g} s")
+    ok, value = slot[0]
+    if not ok:
+        raise value
+    return value
 
 
 def truncate_words(text: str, max_tokens: int) -> str:

@@ -21,6 +21,7 @@ from tracerl.envs.verifiers import VERIFIERS
 from tracerl.models.tiny_config import DEFAULT_WORLD, SMOKE_WORLD
 from tracerl.rollout.engine import EngineConfig
 from tracerl.rollout.schemes import SCHEME_NAMES, SchemeConfig
+from tracerl.train.config_checks import check_budget, check_device, check_extra, check_finite, check_model_source
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, to_dict
 
 
@@ -63,13 +64,28 @@ class DataConfig:
     """Terminal reward: ``em`` (normalised exact match), ``f1`` or ``answered`` (format reward)."""
     shuffle: bool = True
     """Shuffle training tasks once (seeded); the data cursor walks that order."""
+    tool_timeout_s: float | None = 30.0
+    """Seconds one tool call may run before it counts as an infrastructure failure (the call is
+    abandoned on a daemon thread, so a hung tool never blocks the process from exiting).
+    ``null`` switches the limit off; 0 is rejected as ambiguous."""
+    max_failed_tool_steps: int = 3
+    """Stop the run when every tool call of this many consecutive steps failed (see envs/health.py)."""
 
     def __post_init__(self) -> None:
         _one_of("data", "source", self.source, ["synthwiki", "files"])
         _one_of("data", "verifier", self.verifier, sorted(VERIFIERS))
-        _positive("data", train_worlds=self.train_worlds, search_top_k=self.search_top_k)
-        if self.source == "files" and not (self.tasks and self.corpus):
-            raise ConfigError("data.source = 'files' needs data.tasks and data.corpus")
+        _positive("data", train_worlds=self.train_worlds, search_top_k=self.search_top_k,
+                  max_failed_tool_steps=self.max_failed_tool_steps)
+        check_finite("data", self)
+        if self.tool_timeout_s is not None and not self.tool_timeout_s > 0:
+            raise ConfigError(f"data.tool_timeout_s must be > 0 seconds, or null for no limit; got {self.tool_timeout_s}")
+        if self.source == "files":
+            if not (self.tasks and self.corpus):
+                raise ConfigError("data.source = 'files' needs data.tasks and data.corpus")
+            for name in ("tasks", "corpus", "eval_tasks"):
+                path = getattr(self, name)
+                if path and not Path(path).is_file():
+                    raise ConfigError(f"data.{name} = {path!r}: no such file")
 
 
 @dataclass
@@ -89,6 +105,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _one_of("model", "format", self.format, ["react", "chat"])
         _one_of("model", "dtype", self.dtype, ["float32", "bfloat16", "float16"])
+        check_device(self.device)  # cheap (no CUDA init); model.name_or_path: see resolve_config
 
 
 @dataclass
@@ -106,12 +123,13 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         _one_of("rollout", "scheme", self.scheme, SCHEME_NAMES)
         _positive("rollout", budget=self.budget, pool_size=self.pool_size)
-        floor = self.schemes.min_per_prompt
-        if self.scheme == "trace" and self.budget < floor:
-            raise ConfigError(
-                f"rollout.budget = {self.budget} is below the {floor} rollouts trace gives a selected prompt at least "
-                "(rollout.schemes.trace_min_per_prompt, or rollout.schemes.group_size when unset)"
-            )
+        check_finite("rollout", self)
+        if not self.engine.temperature > 0:  # the update divides logits by it: 0 makes every log-prob NaN
+            raise ConfigError(f"rollout.engine.temperature must be > 0 for training, got {self.engine.temperature}; "
+                              "use eval.temperature=0 for greedy evaluation")
+        if self.schemes.group_size < 2:  # one rollout per group has no baseline: every advantage is 0
+            raise ConfigError(f"rollout.schemes.group_size must be >= 2, got {self.schemes.group_size}")
+        check_budget(self.scheme, self.budget, self.pool_size, self.schemes)
 
 
 @dataclass
@@ -151,12 +169,18 @@ class OptimConfig:
     kl_coef: float = 0.0
     """Weight of the k3 KL to the frozen reference (0: off, no reference forward)."""
     loss_agg: str = "token-mean"
+    max_nonfinite_steps: int = 3
+    """Consecutive optimiser steps with a non-finite loss or gradient norm that are skipped
+    before the run stops (the last good checkpoint stays intact)."""
 
     def __post_init__(self) -> None:
         _one_of("optim", "schedule", self.schedule, ["constant", "cosine", "linear"])
         _one_of("optim", "loss_agg", self.loss_agg, available_aggregations())
+        check_finite("optim", self)
         _positive("optim", lr=self.lr, grad_clip=self.grad_clip, micro_batch_size=self.micro_batch_size,
-                  updates_per_step=self.updates_per_step)
+                  updates_per_step=self.updates_per_step, max_nonfinite_steps=self.max_nonfinite_steps)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"optim.betas = {list(self.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]")
         if self.kl_coef < 0 or self.warmup_steps < 0 or self.clip_low < 0 or self.clip_high < 0:
             raise ConfigError("optim.kl_coef, optim.warmup_steps, optim.clip_low and optim.clip_high must be >= 0")
 
@@ -172,6 +196,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         _positive("eval", size=self.size)
+        check_finite("eval", self)
         if self.every < 0 or self.temperature < 0:
             raise ConfigError("eval.every and eval.temperature must be >= 0")
 
@@ -185,6 +210,8 @@ class LogConfig:
 
     def __post_init__(self) -> None:
         _positive("log", checkpoint_every=self.checkpoint_every)
+        check_extra("log.tensorboard", self.tensorboard, "tensorboard", "tensorboard")
+        check_extra("log.wandb", self.wandb, "wandb", "wandb")
 
 
 @dataclass
@@ -205,8 +232,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _one_of("<root>", "preset", self.preset, list(PRESETS))
-        if self.steps < 0:
-            raise ConfigError(f"steps must be >= 0, got {self.steps}")
+        if self.steps < 1:
+            raise ConfigError(f"steps must be >= 1, got {self.steps}")
+        check_finite("", self)  # every section, the predictor and algo.advantage included
 
     @property
     def uses_predictor(self) -> bool:
@@ -255,7 +283,10 @@ def resolve_config(
         data = merge(data, load_yaml(config_file))
     for text in overrides or []:
         data = merge(data, parse_override(text))
-    return from_dict(TrainConfig, data)
+    config = from_dict(TrainConfig, data)
+    # Only a fresh start loads name_or_path (a resumed run reloads its own initial policy).
+    check_model_source(config.model.name_or_path)
+    return config
 
 
 def config_to_yaml(config: TrainConfig) -> str:
@@ -263,4 +294,8 @@ def config_to_yaml(config: TrainConfig) -> str:
 
 
 def config_from_yaml(text: str) -> TrainConfig:
-    return from_dict(TrainConfig, yaml.safe_load(text))
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"a run's config.yaml is not valid YAML ({err})") from None
+    return from_dict(TrainConfig, data)

@@ -8,6 +8,7 @@ way YAML would parse them on the command line.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,10 +16,12 @@ from typing import Any, TypeVar
 import dacite
 import yaml
 
+from tracerl.errors import UserError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A config that cannot be loaded; the message names the field."""
 
 
@@ -66,7 +69,31 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     except dacite.DaciteError as err:
         raise ConfigError(f"bad config: {err}") from None
     except (ValueError, TypeError) as err:  # raised by a dataclass __post_init__
-        raise ConfigError(str(err)) from None
+        raise ConfigError(with_field_paths(cls, str(err))) from None
+
+
+def section_paths(cls: type, path: str = "") -> dict[str, str]:
+    """Class name -> dotted path of every nested config section (``EngineConfig`` -> ``rollout.engine``)."""
+    out: dict[str, str] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        nested = _dataclass_type(hints[f.name])
+        if nested is not None:
+            where = f"{path}.{f.name}" if path else f.name
+            out.setdefault(nested.__name__, where)
+            out.update({k: v for k, v in section_paths(nested, where).items() if k not in out})
+    return out
+
+
+def with_field_paths(cls: type, message: str) -> str:
+    """Rewrite ``EngineConfig.max_turns`` in a nested section's error as ``rollout.engine.max_turns``.
+
+    Sections such as the rollout engine validate themselves under their class name; the user
+    writes the dotted path, so the message should name that.
+    """
+    for name, path in section_paths(cls).items():
+        message = re.sub(rf"\b{name}\.(?=\w)", f"{path}.", message)
+    return message
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -4,6 +4,11 @@ SynthWiki training draws several worlds from one name seed and different fact se
 policy has to read its observations instead of memorising one world (a prototype's accuracy
 fell from 93% to 12% when the facts of its single training world were re-drawn). Each world
 has its own search index; :class:`RoutedEnvironment` sends each task to its world.
+
+Task ids are the keys of that routing (and of the trainer's task table), so they must be
+unique across everything a run loads: a held-out file that repeats a training id is rejected
+at load (see :func:`check_task_files`) rather than namespaced, because a repeated id is
+most often the same question, i.e. a held-out set that leaks the training set.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ from typing import Any
 from tracerl.core.types import Task
 from tracerl.envs.base import EnvConfig, ToolEnvironment
 from tracerl.envs.data import Document, load_corpus, load_tasks
+from tracerl.envs.health import ToolStats
 from tracerl.envs.search import SearchIndex, search_tools
 from tracerl.envs.synthwiki import build_world
 from tracerl.rollout.engine import EngineConfig
+from tracerl.errors import UserError
 from tracerl.train.config import DataConfig
 
 
@@ -26,13 +33,27 @@ class RoutedEnvironment:
 
     def __init__(self) -> None:
         self._by_task: dict[str, ToolEnvironment] = {}
+        self._envs: list[ToolEnvironment] = []
         self.tools: Any = None
 
     def register(self, tasks: list[Task], env: ToolEnvironment) -> None:
+        """Route ``tasks`` to ``env``; an id already routed elsewhere is an error (it would be rerouted)."""
         if self.tools is None:
             self.tools = env.tools  # every world exposes the same tool names and signatures
+        if not any(e is env for e in self._envs):
+            self._envs.append(env)
+        clash = sorted({t.id for t in tasks if self._by_task.get(t.id, env) is not env})
+        if clash:
+            raise UserError(f"task ids registered with two environments: {_some(clash)}; task ids must be unique")
         for task in tasks:
             self._by_task[task.id] = env
+
+    def take_tool_stats(self) -> ToolStats:
+        """Tool calls and failures of every environment since the last take (resets them)."""
+        total = ToolStats()
+        for env in self._envs:
+            total = total + env.stats.take()
+        return total
 
     def start(self, task: Task) -> Any:
         try:
@@ -59,21 +80,50 @@ class TaskData:
 def _world_env(documents: list[Document], data: DataConfig, engine: EngineConfig) -> ToolEnvironment:
     index = SearchIndex(documents)
     tools = search_tools(index, top_k=data.search_top_k, max_tokens=engine.max_observation_tokens)
-    return ToolEnvironment(tools, EnvConfig(max_turns=engine.max_turns, max_observation_tokens=engine.max_observation_tokens))
+    return ToolEnvironment(tools, EnvConfig(max_turns=engine.max_turns, max_observation_tokens=engine.max_observation_tokens,
+                                            tool_timeout_s=data.tool_timeout_s))
+
+
+def _some(ids: list[str], shown: int = 5) -> str:
+    more = f" (+{len(ids) - shown} more)" if len(ids) > shown else ""
+    return ", ".join(repr(i) for i in ids[:shown]) + more
+
+
+def _read_files(data: DataConfig) -> tuple[list[Task], list[Task], list[Document]]:
+    """(training tasks, held-out tasks, corpus) of ``files`` data, checked as a whole."""
+    tasks, docs = load_tasks(data.tasks), load_corpus(data.corpus)
+    if data.eval_tasks:
+        held_out = load_tasks(data.eval_tasks)
+        train_ids = {t.id for t in tasks}
+        repeated = sorted({t.id for t in held_out if t.id in train_ids})
+        if repeated:
+            raise UserError(f"data.eval_tasks {data.eval_tasks} repeats ids of data.tasks {data.tasks}: "
+                            f"{_some(repeated)}; held-out ids must differ from training ids")
+    else:  # no held-out file: keep the last tenth of the training file aside
+        if len(tasks) < 2:
+            raise UserError(f"data.tasks {data.tasks} holds {len(tasks)} task; with no data.eval_tasks a tenth "
+                            "of it is held out, so it needs at least 2")
+        cut = max(1, len(tasks) // 10)
+        tasks, held_out = tasks[:-cut], tasks[-cut:]
+    return tasks, held_out, docs
+
+
+def check_task_files(data: DataConfig) -> None:
+    """Read and check ``files`` data (UTF-8, JSON, fields, non-empty, unique ids) without indexing it.
+
+    The command line calls this before it creates a run folder, so bad data fails with one
+    line and leaves nothing behind. SynthWiki data is generated and needs no check.
+    """
+    if data.source == "files":
+        _read_files(data)
 
 
 def load_task_data(data: DataConfig, engine: EngineConfig, seed: int) -> TaskData:
     """Build worlds (or read files) and register every task with its environment."""
     routed = RoutedEnvironment()
     if data.source == "files":
-        tasks, docs = load_tasks(data.tasks), load_corpus(data.corpus)
-        env = _world_env(docs, data, engine)
-        if data.eval_tasks:
-            held_out = load_tasks(data.eval_tasks)
-        else:  # no held-out file: keep the last tenth of the training file aside
-            cut = max(1, len(tasks) // 10)
-            tasks, held_out = tasks[:-cut], tasks[-cut:]
-        routed.register(tasks + held_out, env)
+        tasks, held_out, docs = _read_files(data)
+        routed.register(tasks + held_out, _world_env(docs, data, engine))
         return TaskData(_shuffled(tasks, data, seed), held_out, [], routed, docs)
     train: list[Task] = []
     first_docs: list[Document] = []
@@ -91,7 +141,7 @@ def load_task_data(data: DataConfig, engine: EngineConfig, seed: int) -> TaskDat
 
 def _shuffled(tasks: list[Task], data: DataConfig, seed: int) -> list[Task]:
     if not tasks:
-        raise ValueError("no training tasks: check data.world.num_train or the tasks file")
+        raise UserError("no training tasks: check data.world.num_train or the tasks file")
     if data.shuffle:
         tasks = list(tasks)
         random.Random(f"tracerl-data:{seed}").shuffle(tasks)
