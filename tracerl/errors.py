@@ -20,7 +20,7 @@ _CORRUPT_TYPES = ("SafetensorError", "UnpicklingError", "EOFError", "BadZipFile"
 _CORRUPT_TEXT = ("PytorchStreamReader failed", "failed finding central directory")
 _WRITE_TEXT = ("PytorchStreamWriter failed", "file write failed")
 # Locals through which readers hold the file they read (innermost frame first).
-_PATH_LOCALS = ("filename", "path", "f", "file", "checkpoint_file", "resolved_archive_file")
+_PATH_LOCALS = ("filename", "path", "f", "file", "checkpoint_file", "resolved_archive_file", "self")
 
 
 class UserError(ValueError):
@@ -54,6 +54,9 @@ def one_line(exc: BaseException, *, writing: str | Path | None = None) -> str | 
         where = file_in_traceback(exc) or "a file it reads"
         return _flat(f"{where} is corrupt or truncated ({type(exc).__name__}: {text}); "
                      "restore or delete it (an older checkpoint, or a fresh copy of the model)")
+    if isinstance(exc, UnicodeDecodeError):  # a text file read whole (file:line comes from our own readers)
+        where = file_in_traceback(exc) or "a text file"
+        return f"{where} is not valid UTF-8 ({exc.reason} at byte {exc.start}); restore it or save it as UTF-8"
     if isinstance(exc, RuntimeError) and any(t in text for t in _WRITE_TEXT):
         return _flat(f"could not write under {writing or 'the output folder'} (is the disk full?): {text}")
     if isinstance(exc, ValueError):  # Python's convention for a bad value; kept one line as before
@@ -80,7 +83,8 @@ def _flat(text: str) -> str:
 def file_in_traceback(exc: BaseException) -> str | None:
     """The existing file a reader was working on when it raised (innermost frame first), if any.
 
-    A fallback for library errors that do not name their file (safetensors, torch.load).
+    A fallback for library errors that do not name their file (safetensors, torch.load,
+    ``Path.read_text``, whose path is its ``self``).
     """
     frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
     for frame in reversed(frames):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import traceback
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -69,7 +70,24 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     except dacite.DaciteError as err:
         raise ConfigError(f"bad config: {err}") from None
     except (ValueError, TypeError) as err:  # raised by a dataclass __post_init__
-        raise ConfigError(with_field_paths(cls, str(err))) from None
+        raise ConfigError(_named(cls, err)) from None
+
+
+def _named(cls: type, err: Exception) -> str:
+    """The error of a nested section's ``__post_init__``, with the section's dotted path in it."""
+    message = with_field_paths(cls, str(err))
+    frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
+    paths = section_paths(cls)
+    for frame in reversed(frames):  # the innermost config object that raised
+        owner = frame.f_locals.get("self")
+        if dataclasses.is_dataclass(owner) and type(owner).__name__ in paths:
+            path = paths[type(owner).__name__]
+            if f"{path}." in message:
+                return message
+            first = message.split(" ", 1)[0]  # "omega must be ..." names a field of the section
+            names = {f.name for f in dataclasses.fields(owner)}
+            return f"{path}.{message}" if first in names else f"{path}: {message}"
+    return message
 
 
 def section_paths(cls: type, path: str = "") -> dict[str, str]:

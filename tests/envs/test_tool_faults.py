@@ -1,0 +1,144 @@
+"""Tool runtime faults: timeouts that let the process exit, SystemExit/KeyboardInterrupt in a
+tool, per-environment call counters and the run-stopping tool health check."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from tracerl.core.types import Action, Task
+from tracerl.envs.base import EnvConfig, ToolEnvironment
+from tracerl.envs.health import ToolHealth, ToolHealthError, ToolStats, failed_streak
+from tracerl.envs.tools import ToolFailure, ToolSet, call_with_timeout
+from tracerl.errors import UserError
+
+TASK = Task("t", "Who?", ("Tarsik",))
+REPO = Path(__file__).resolve().parents[2]
+
+
+def echo(query: str) -> str:
+    """Repeat the query."""
+    return f"got {query}"
+
+
+def crash(query: str) -> str:
+    """Fail like a broken backend."""
+    raise ConnectionError("backend down")
+
+
+def quits(query: str) -> str:
+    """A script turned into a tool that calls sys.exit."""
+    sys.exit(3)
+
+
+def interrupted(query: str) -> str:
+    """The user pressed Ctrl-C while the tool ran."""
+    raise KeyboardInterrupt
+
+
+def env(**config: object) -> ToolEnvironment:
+    return ToolEnvironment(ToolSet([echo, crash, quits, interrupted]), EnvConfig(**config))  # type: ignore[arg-type]
+
+
+def call(name: str) -> Action:
+    return Action(kind="tool", name=name, arguments={"query": "q"})
+
+
+def test_a_hung_tool_with_a_timeout_does_not_keep_the_process_alive(tmp_path: Path) -> None:
+    """The tool sleeps 60 s, the timeout is 0.5 s: the call fails and the interpreter exits at once.
+
+    (With a ThreadPoolExecutor worker the interpreter waited for the sleeping tool at exit.)
+    """
+    script = textwrap.dedent("""
+        import time
+        from tracerl.core.types import Action, Task
+        from tracerl.envs.base import EnvConfig, ToolEnvironment
+        from tracerl.envs.tools import ToolSet
+
+        def hang(query: str) -> str:
+            '''Never answers.'''
+            time.sleep(60)
+            return "late"
+
+        env = ToolEnvironment(ToolSet([hang]), EnvConfig(tool_timeout_s=0.5))
+        obs = env.start(Task("t", "Q?", ("A",))).step(Action(kind="tool", name="hang", arguments={"query": "q"}))
+        print("infra_failed" if obs.infra_failed else "no failure", obs.text)
+    """)
+    # A liveness bound, not a timing measurement: before the fix this process lived 60 s.
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("infra_failed") and "timed out after 0.5 s" in done.stdout
+
+
+def test_system_exit_in_a_tool_is_an_infra_failure_of_that_call() -> None:
+    for config in ({}, {"tool_timeout_s": 5.0}):  # inline and on the timeout thread
+        episode = env(**config).start(TASK)
+        obs = episode.step(call("quits"))
+        assert obs.infra_failed and obs.done and "exit(3)" in obs.text
+        assert episode.infra_failed
+
+
+def test_keyboard_interrupt_in_a_tool_propagates() -> None:
+    for config in ({}, {"tool_timeout_s": 5.0}):
+        with pytest.raises(KeyboardInterrupt):
+            env(**config).start(TASK).step(call("interrupted"))
+
+
+def test_call_with_timeout_returns_and_reraises_in_the_caller() -> None:
+    assert call_with_timeout(lambda: "ok", 5.0) == "ok"
+    with pytest.raises(ZeroDivisionError):
+        call_with_timeout(lambda: str(1 / 0), 5.0)
+    gate = threading.Event()
+    with pytest.raises(ToolFailure, match="timed out after 0.05 s"):
+        call_with_timeout(lambda: str(gate.wait(5)), 0.05, what="slow call")
+    gate.set()
+
+
+def test_stats_count_calls_that_reach_a_tool_and_their_failures() -> None:
+    environment = env()
+    episode = environment.start(TASK)
+    episode.step(call("echo"))
+    branch = episode.clone()  # a branch counts into the same environment
+    branch.step(call("echo"))
+    episode.step(Action(kind="tool", name="nope", arguments={"query": "q"}))  # the policy's mistake: no call
+    episode.step(call("crash"))
+    stats = environment.stats.take()
+    assert (stats.calls, stats.failures) == (3, 1)
+    assert "ConnectionError" in stats.last_failure
+    assert (environment.stats.calls, environment.stats.failures) == (0, 0)  # take() resets
+
+
+def test_failed_streak_by_hand() -> None:
+    streak = 0
+    steps = [(4, 4), (3, 3), (0, 0), (5, 5), (2, 1), (1, 1)]  # (calls, failures) per step
+    seen = []
+    for calls, failures in steps:
+        streak = failed_streak(streak, calls, failures)
+        seen.append(streak)
+    assert seen == [1, 2, 2, 3, 0, 1]  # a step without calls leaves the streak; one success resets it
+    with pytest.raises(ValueError):
+        failed_streak(0, 2, 3)
+
+
+def test_tool_health_stops_after_the_configured_all_failed_steps() -> None:
+    health = ToolHealth(max_failed_steps=3)
+    health.observe(4, 4)
+    health.observe(4, 3)  # one call worked: the tools are alive
+    health.observe(2, 2)
+    health.observe(0, 0)
+    health.observe(5, 5)
+    with pytest.raises(ToolHealthError, match="data.max_failed_tool_steps = 3") as info:
+        health.observe(1, 1, "tool search raised ConnectionError: backend down")
+    assert isinstance(info.value, UserError) and "backend down" in str(info.value)
+    with pytest.raises(ValueError):
+        ToolHealth(0)
+
+
+def test_stats_add_up() -> None:
+    total = ToolStats(2, 1, "a") + ToolStats(3, 0, "")
+    assert (total.calls, total.failures, total.last_failure) == (5, 1, "a")
