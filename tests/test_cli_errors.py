@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -106,8 +107,8 @@ def test_env_check_rejects_an_empty_task_file(tmp_path: Path) -> None:
 
 def test_full_disk_names_what_was_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A real ENOSPC (writing /dev/full) inside the run: one line naming the run folder."""
-    if not os.path.exists("/dev/full"):
-        pytest.skip("needs /dev/full")
+    if not (os.path.exists("/dev/full") and stat.S_ISCHR(os.stat("/dev/full").st_mode)):
+        pytest.skip("needs the /dev/full device")
     import tracerl.train.run as run
 
     def start(*_: object, **__: object):  # noqa: ANN202
@@ -191,4 +192,15 @@ def test_one_line_classifies_foreign_errors() -> None:
         "No such file or directory: x.yaml")
     assert one_line(UserError("line one\n  line two")) == "line one line two"
     assert one_line(RuntimeError("PytorchStreamReader failed reading zip archive")).startswith("a file it reads is corrupt")
+    assert "could not write under runs/a (is the disk full?)" in one_line(
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"), writing="runs/a")
     assert one_line(KeyError("x")) is None and one_line(RuntimeError("shape mismatch")) is None
+
+
+def test_eval_names_a_missing_model_and_device(tmp_path: Path) -> None:
+    (tmp_path / "t.jsonl").write_text(TASK.format(i=1))
+    (tmp_path / "c.jsonl").write_text(DOC)
+    common = ["eval", "--tasks", str(tmp_path / "t.jsonl"), "--corpus", str(tmp_path / "c.jsonl")]
+    result = invoke(*common, "--model", str(tmp_path / "no-model"), env={"HF_HUB_OFFLINE": "1"})
+    assert_one_line(result, 1, "eval failed: --model = ", "no such folder")
+    assert_one_line(invoke(*common, "--model", "tiny", "--device", "cuda:64"), 1, "--device = 'cuda:64'")

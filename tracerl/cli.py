@@ -143,8 +143,14 @@ def eval_model(
     from tracerl.rollout.engine import EngineConfig
     from tracerl.rollout.evaluate import run_eval
 
+    from tracerl.train.config_checks import check_device, check_model_source
+
     config = EngineConfig(max_turns=max_turns, max_turn_tokens=max_turn_tokens,
                           max_total_tokens=max_total_tokens, temperature=temperature)
+    check_device(device, field="--device")
+    note = check_model_source(model, field="--model")
+    if note:
+        typer.echo(f"note: {note}", err=True)
     _STATE["writing"] = out
     metrics = run_eval(model, tasks, corpus, samples=samples, limit=limit, out=out,
                        format_name=format, config=config, seed=seed, device=device)

@@ -18,7 +18,7 @@ MAX_MESSAGE = 400
 # Exception classes that file readers raise for damaged files (torch.load, safetensors, zip).
 _CORRUPT_TYPES = ("SafetensorError", "UnpicklingError", "EOFError", "BadZipFile", "HeaderTooLarge")
 _CORRUPT_TEXT = ("PytorchStreamReader failed", "failed finding central directory")
-_WRITE_TEXT = ("PytorchStreamWriter failed", "file write failed")
+_WRITE_TEXT = ("PytorchStreamWriter failed", "file write failed", "unexpected pos")
 # Locals through which readers hold the file they read (innermost frame first).
 _PATH_LOCALS = ("filename", "path", "f", "file", "checkpoint_file", "resolved_archive_file", "self")
 

@@ -42,34 +42,34 @@ def check_finite(section: str, config: Any) -> None:
                 raise ConfigError(f"{where} = {value!r} is not a finite number; give a finite value")
 
 
-def check_device(device: str) -> None:
+def check_device(device: str, field: str = "model.device") -> None:
     """``model.device`` must name a device this machine has (``cpu``, ``cuda``, ``cuda:N``, ``mps``)."""
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
-        raise ConfigError(f"model.device = {device!r} is not a device; allowed values: cpu, cuda, cuda:N, mps") from None
+        raise ConfigError(f"{field} = {device!r} is not a device; allowed values: cpu, cuda, cuda:N, mps") from None
     if dev.type == "cpu":
         return
     if dev.type == "cuda":
         count = torch.cuda.device_count()  # reads the driver's count; does not initialise CUDA
         if count == 0:
-            raise ConfigError(f"model.device = {device!r} but this machine has no CUDA GPU; available: cpu")
+            raise ConfigError(f"{field} = {device!r} but this machine has no CUDA GPU; available: cpu")
         if dev.index is not None and dev.index >= count:
-            raise ConfigError(f"model.device = {device!r} but this machine has {count} CUDA GPU(s); "
+            raise ConfigError(f"{field} = {device!r} but this machine has {count} CUDA GPU(s); "
                               f"available: cpu, cuda, {', '.join(f'cuda:{i}' for i in range(count))}")
         return
     if dev.type == "mps":
         if not torch.backends.mps.is_available():
-            raise ConfigError(f"model.device = {device!r} but MPS is not available here; available: cpu")
+            raise ConfigError(f"{field} = {device!r} but MPS is not available here; available: cpu")
         return
-    raise ConfigError(f"model.device = {device!r} is not supported; allowed values: cpu, cuda, cuda:N, mps")
+    raise ConfigError(f"{field} = {device!r} is not supported; allowed values: cpu, cuda, cuda:N, mps")
 
 
 def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
 
 
-def check_model_source(name_or_path: str) -> str | None:
+def check_model_source(name_or_path: str, field: str = "model.name_or_path") -> str | None:
     """Check ``model.name_or_path`` of a fresh start; return a note when it will be downloaded.
 
     Embedded names pass. An existing folder must hold ``config.json`` (valid JSON) and
@@ -82,9 +82,9 @@ def check_model_source(name_or_path: str) -> str | None:
         return None
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        _check_model_folder(path)
+        _check_model_folder(path, field)
         return None
-    field = f"model.name_or_path = {name_or_path!r}"
+    field = f"{field} = {name_or_path!r}"
     if path.exists():
         raise ConfigError(f"{field} is a file; give a model folder (with config.json), tiny or random-tiny")
     if not _HUB_ID.match(name_or_path):
@@ -94,7 +94,7 @@ def check_model_source(name_or_path: str) -> str | None:
     if hub_offline():
         raise ConfigError(f"{field}: no such folder, nor in the Hugging Face cache (HF_HUB_OFFLINE is set, so "
                           "nothing is fetched); give a local model folder, tiny or random-tiny")
-    return f"model.name_or_path {name_or_path!r} is not a local folder; it will be fetched from the Hugging Face Hub"
+    return f"{field} is not a local folder; it will be fetched from the Hugging Face Hub"
 
 
 def _in_hub_cache(repo_id: str) -> bool:
@@ -107,8 +107,8 @@ def _in_hub_cache(repo_id: str) -> bool:
         return False
 
 
-def _check_model_folder(path: Path) -> None:
-    where = f"model.name_or_path = {str(path)!r}"
+def _check_model_folder(path: Path, field: str) -> None:
+    where = f"{field} = {str(path)!r}"
     config = path / "config.json"
     if not config.is_file():
         raise ConfigError(f"{where}: the folder has no config.json; give a Hugging Face model folder")

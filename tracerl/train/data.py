@@ -37,14 +37,11 @@ class RoutedEnvironment:
         self.tools: Any = None
 
     def register(self, tasks: list[Task], env: ToolEnvironment) -> None:
-        """Route ``tasks`` to ``env``; an id already routed elsewhere is an error (it would be rerouted)."""
+        """Route ``tasks`` to ``env`` (registering a task again moves it; loading keeps ids unique)."""
         if self.tools is None:
             self.tools = env.tools  # every world exposes the same tool names and signatures
         if not any(e is env for e in self._envs):
             self._envs.append(env)
-        clash = sorted({t.id for t in tasks if self._by_task.get(t.id, env) is not env})
-        if clash:
-            raise UserError(f"task ids registered with two environments: {_some(clash)}; task ids must be unique")
         for task in tasks:
             self._by_task[task.id] = env
 
