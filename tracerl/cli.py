@@ -12,6 +12,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import click
 import typer
 
 from tracerl.errors import UsageError, exit_code, one_line
@@ -48,7 +49,9 @@ def _guarded(what: str) -> Callable[[F], F]:
             _STATE["writing"] = None
             try:
                 return command(*args, **kwargs)
-            except Exception as exc:  # KeyboardInterrupt and typer.Exit pass through untouched
+            except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+                raise  # click's own exits and usage errors (exit 2) print as click prints them
+            except Exception as exc:  # KeyboardInterrupt is not an Exception: it propagates
                 message = None if _STATE["debug"] else one_line(exc, writing=_STATE["writing"])
                 if message is None:
                     raise  # a bug (or --debug): the traceback is the report

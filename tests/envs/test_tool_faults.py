@@ -142,3 +142,46 @@ def test_tool_health_stops_after_the_configured_all_failed_steps() -> None:
 def test_stats_add_up() -> None:
     total = ToolStats(2, 1, "a") + ToolStats(3, 0, "")
     assert (total.calls, total.failures, total.last_failure) == (5, 1, "a")
+
+
+def test_engine_rollouts_feed_tool_health_until_a_dead_backend_stops_the_run() -> None:
+    """Through the real rollout engine: each step's stats count the searches; a dead search
+    backend (every call failing) stops the run after ``max_failed_steps`` steps, a live one never."""
+    import torch
+    from helpers_tiny import ScriptedPolicy, bpe_tokenizer
+
+    from tracerl.agent.formats import get_format
+    from tracerl.envs.verifiers import exact_match
+    from tracerl.rollout.engine import EngineConfig, RolloutEngine
+    from tracerl.train.data import RoutedEnvironment
+
+    backend_up = {"value": True}
+
+    def search(query: str) -> str:
+        """Search the corpus."""
+        if not backend_up["value"]:
+            raise ConnectionError("search backend went away")
+        return "Ada: Ada is a writer."
+
+    tok = bpe_tokenizer()
+    routed = RoutedEnvironment()
+    tasks = [Task(f"t{i}", "Who is Ada?", ("writer",)) for i in range(2)]
+    routed.register(tasks, ToolEnvironment(ToolSet([search]), EnvConfig(max_turns=3, tool_timeout_s=5.0)))
+    policy = ScriptedPolicy(tok, lambda prefix: "Action: search[Ada]\nObservation:")
+    engine = RolloutEngine(policy, routed, get_format("react"), exact_match,
+                           EngineConfig(max_turns=3, max_turn_tokens=96, max_total_tokens=400))
+    health = ToolHealth(max_failed_steps=2)
+
+    def step() -> ToolStats:
+        engine.rollout(tasks, [2, 2], generator=torch.Generator().manual_seed(0))
+        stats = routed.take_tool_stats()
+        health.observe(stats.calls, stats.failures, stats.last_failure)
+        return stats
+
+    healthy = step()
+    assert healthy.calls == 4 * 3 and healthy.failures == 0  # 4 rollouts x 3 searching turns
+    backend_up["value"] = False
+    dead = step()
+    assert dead.calls == dead.failures == 4  # each rollout ends at its first failed call
+    with pytest.raises(ToolHealthError, match="2 consecutive steps .*search backend went away"):
+        step()

@@ -111,6 +111,9 @@ def test_model_folder_needs_a_readable_config_and_weights(tmp_path: Path) -> Non
     (folder / "config.json").write_text("{not json")
     assert "config.json is not valid JSON" in rejects(f"model.name_or_path={folder}")
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    (folder / "tokenizer.json").write_text('{"truncated": ')
+    assert "tokenizer.json is not valid JSON" in rejects(f"model.name_or_path={folder}")
+    (folder / "tokenizer.json").write_text("{}")
     from safetensors.torch import save_file
 
     save_file({"w": torch.zeros(64)}, str(folder / "model.safetensors"))

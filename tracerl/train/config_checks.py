@@ -112,10 +112,12 @@ def _check_model_folder(path: Path, field: str) -> None:
     config = path / "config.json"
     if not config.is_file():
         raise ConfigError(f"{where}: the folder has no config.json; give a Hugging Face model folder")
-    try:
-        json.loads(config.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{config} is not valid JSON ({err}); restore the model folder") from None
+    for name in ("config.json", "tokenizer_config.json", "tokenizer.json"):  # what loading parses first
+        if (path / name).is_file():
+            try:
+                json.loads((path / name).read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise ConfigError(f"{path / name} is not valid JSON ({err}); restore the model folder") from None
     from safetensors import safe_open
 
     for weights in sorted(path.glob("*.safetensors")):
