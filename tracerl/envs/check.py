@@ -61,8 +61,12 @@ def _random_text(rng: random.Random, task: Task, titles: list[str]) -> str:
 
 def run_env_check(tasks_path: str | Path, corpus_path: str | Path, policy: str = "oracle",
                   limit: int | None = None, seed: int = 0, cache_dir: str | Path | None = None,
-                  top_k: int = 3, max_turns: int = 8) -> dict[str, Any]:
-    """Summary: tasks, success_rate, retrieval_hit_rate, answer_found_rate, mean_turns, errors."""
+                  top_k: int = 3, max_turns: int = 8, tool_timeout_s: float | None = 30.0) -> dict[str, Any]:
+    """Summary: tasks, success_rate, retrieval_hit_rate, answer_found_rate, mean_turns, errors.
+
+    An empty tasks or corpus file is an error (``load_tasks``/``load_corpus``), not a summary of
+    zero tasks; a tool call running past ``tool_timeout_s`` is counted as an infra failure.
+    """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; valid: {', '.join(POLICIES)}")
     if limit is not None and limit < 1:
@@ -71,7 +75,7 @@ def run_env_check(tasks_path: str | Path, corpus_path: str | Path, policy: str =
     documents = load_corpus(corpus_path)
     index = SearchIndex(documents, cache_dir=cache_dir)
     tools = search_tools(index, top_k=top_k)
-    env = ToolEnvironment(tools, EnvConfig(max_turns=max_turns))
+    env = ToolEnvironment(tools, EnvConfig(max_turns=max_turns, tool_timeout_s=tool_timeout_s))
     fmt, rng = ReactFormat(), random.Random(seed)
     titles = [d.title for d in documents]
     known = set(titles)
