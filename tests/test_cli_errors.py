@@ -192,6 +192,9 @@ def test_one_line_classifies_foreign_errors() -> None:
         "No such file or directory: x.yaml")
     assert one_line(UserError("line one\n  line two")) == "line one line two"
     assert one_line(RuntimeError("PytorchStreamReader failed reading zip archive")).startswith("a file it reads is corrupt")
+    rust_full = type("SafetensorError", (Exception,), {})("Error while serializing: IoError(Os { code: 28, kind: "
+                                                          "StorageFull, message: \"No space left on device\" })")
+    assert one_line(rust_full, writing="runs/a").startswith("no space left on device writing runs/a")
     assert "could not write under runs/a (is the disk full?)" in one_line(
         RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"), writing="runs/a")
     assert one_line(KeyError("x")) is None and one_line(RuntimeError("shape mismatch")) is None

@@ -18,6 +18,7 @@ MAX_MESSAGE = 400
 # Exception classes that file readers raise for damaged files (torch.load, safetensors, zip).
 _CORRUPT_TYPES = ("SafetensorError", "UnpicklingError", "EOFError", "BadZipFile", "HeaderTooLarge")
 _CORRUPT_TEXT = ("PytorchStreamReader failed", "failed finding central directory")
+_FULL_TEXT = ("No space left on device", "StorageFull", "os error 28", "Disk quota exceeded")
 _WRITE_TEXT = ("PytorchStreamWriter failed", "file write failed", "unexpected pos")
 # Locals through which readers hold the file they read (innermost frame first).
 _PATH_LOCALS = ("filename", "path", "f", "file", "checkpoint_file", "resolved_archive_file", "self")
@@ -50,6 +51,8 @@ def one_line(exc: BaseException, *, writing: str | Path | None = None) -> str | 
     if isinstance(exc, UserError):
         return _flat(str(exc))
     text = str(exc)
+    if any(t in text for t in _FULL_TEXT):  # a library's writer (safetensors, torch) hit a full disk
+        return f"no space left on device writing {writing or 'a file'}; free some space ({type(exc).__name__}: {_flat(text)})"
     if type(exc).__name__ in _CORRUPT_TYPES or any(t in text for t in _CORRUPT_TEXT):
         where = file_in_traceback(exc) or "a file it reads"
         return _flat(f"{where} is corrupt or truncated ({type(exc).__name__}: {text}); "
