@@ -30,7 +30,8 @@ def apply_lora(model: Any, r: int, alpha: float, dropout: float, target_modules:
     """Wrap ``model`` with a fresh LoRA adapter of rank ``r``; base weights are frozen by peft.
 
     The adapter's ``B`` matrix starts at zero, so the wrapped model computes exactly what the
-    base model does until the first update.
+    base model does until the first update. The base may be in bf16 (frozen weights need no
+    master copy); the adapter weights are float32 whatever the base's dtype.
     """
     if not peft_available():
         raise ImportError(PEFT_MISSING)
@@ -38,7 +39,10 @@ def apply_lora(model: Any, r: int, alpha: float, dropout: float, target_modules:
 
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
                         task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    wrapped = get_peft_model(model, config)
+    for param in trainable_parameters(wrapped):  # adapters are trained: float32 master weights
+        param.data = param.data.float()
+    return wrapped
 
 
 def adapter_disabled(model: Any) -> ContextManager[Any]:

@@ -24,6 +24,7 @@ from tracerl.envs.verifiers import get_verifier
 from tracerl.models.backend import HFPolicy
 from tracerl.models.loading import load_model
 from tracerl.models.lora import apply_lora, trainable_parameters
+from tracerl.models.memory import enable_gradient_checkpointing
 from tracerl.models.precision import DTYPES, compute_context, grad_scaler
 from tracerl.models.scoring import ReferenceScorer
 from tracerl.rollout.engine import RolloutEngine
@@ -271,11 +272,14 @@ class Trainer:
 
 
 def _prepare_policy(model: Any, config: TrainConfig) -> Any:
-    """Gradient checkpointing and the LoRA adapter, as configured (the model itself is unchanged otherwise)."""
+    """Gradient checkpointing and the LoRA adapter (float32, on a base kept in the working precision),
+    as configured; otherwise the float32 model is returned as it is."""
     if config.optim.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_gradient_checkpointing(model)
     lora = config.model.lora
     if lora.r > 0:
+        if config.model.dtype != "float32":  # the frozen base needs no float32 master copy
+            model.to(dtype=DTYPES[config.model.dtype])
         model = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
     return model
 
