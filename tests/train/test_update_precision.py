@@ -202,3 +202,35 @@ def test_trainer_with_bf16_compute_keeps_fp32_master_state(tmp_path) -> None:
     assert moments and {m.dtype for m in moments} == {torch.float32}
     assert {p.dtype for p in trainer.reference.model.parameters()} == {torch.bfloat16}
     assert any(not torch.equal(before[k], p) for k, p in trainer.model.named_parameters())
+
+
+def test_a_step_where_no_row_carries_signal_runs_nothing() -> None:
+    model = _model()
+    trajs, advs = _batch(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    zero = [torch.zeros_like(a) for a in advs]
+    metrics = policy_update(model, torch.optim.AdamW(model.parameters(), lr=1.0), trajs, zero, _settings(), 0)
+    assert metrics == {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0,
+                       "nonfinite_skipped": 0.0}
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_update_on_cuda_with_low_precision_compute_and_a_kl_reference(dtype: str) -> None:
+    from tracerl.models.precision import grad_scaler
+    from tracerl.models.scoring import ReferenceScorer
+
+    model = _model().to("cuda")
+    trajs, advs = _batch(model)
+    scorer = ReferenceScorer(model, None, None, dtype=getattr(torch, dtype))
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    scaler = grad_scaler("cuda", dtype)
+    for _ in range(8):  # fp16: the scaler may skip its first steps while it finds a scale without overflow
+        metrics = policy_update(model, optimizer, trajs, advs, _settings(dtype=dtype, kl_coef=0.1), 0, scorer, scaler)
+        if not metrics["nonfinite_skipped"]:
+            break
+    assert metrics["nonfinite_skipped"] == 0.0 and math.isfinite(metrics["kl"])
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert sum(int((p != q).sum()) for p, q in zip(model.parameters(), before)) > 0

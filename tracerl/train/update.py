@@ -185,8 +185,12 @@ def policy_update(
     masks = [torch.tensor(t.sampled, dtype=torch.bool) for t in trajectories]
     # The normaliser counts every trajectory of the step, whichever micro-batch it lands in.
     normaliser = loss_normaliser(masks, settings.loss_agg, norm_length=max(len(m) for m in masks))
+    chunks = _micro_batches(trajectories, advantages, settings, reference is not None)
+    if not chunks:  # no row carries signal: nothing to run (and a GradScaler must not step without grads)
+        return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0,
+                "nonfinite_skipped": 0.0}
     sums = torch.zeros(4, device=device)  # loss, kl token sum, clipped tokens, trained tokens
-    for chunk in _micro_batches(trajectories, advantages, settings, reference is not None):
+    for chunk in chunks:
         batch = pad_trajectories([trajectories[i] for i in chunk], [advantages[i] for i in chunk], pad_id, device)
         loss, stats = _micro_batch_loss(model, batch, settings, normaliser, reference)
         (scaler.scale(loss) if scaler is not None else loss).backward()
