@@ -122,9 +122,13 @@ def test_two_trainer_steps_of_trace_with_lora(tmp_path: Path) -> None:
 
     config = resolve_config("trace", smoke=True, overrides=[
         "model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=answered", "eval.every=0",
-        "eval.size=4", "steps=2", "model.lora.r=4", "optim.lr=1e-2"])
+        "eval.size=4", "steps=2", "model.lora.r=4", "optim.lr=1e-2", "model.dtype=bfloat16"])
     trainer = Trainer(config, tmp_path)
     assert trainer.reference is not None and trainer.reference.model is trainer.model
+    # bf16 compute: the frozen base is kept in bf16 (no master copy needed), the adapter in float32.
+    dtypes = {p.dtype for n, p in trainer.model.named_parameters() if "lora_" not in n}
+    assert dtypes == {torch.bfloat16}
+    assert {p.dtype for p in trainable_parameters(trainer.model)} == {torch.float32}
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     records = trainer.run()
     assert len(records) == 2 and all(r["nonfinite_skipped"] == 0.0 for r in records)
