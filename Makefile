@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # unpinned `torch` resolves to several GB of CUDA wheels.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test test-extras bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,5 +23,20 @@ demo: install
 test: install
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
 
+# Optional extras (LoRA through peft) in an environment of their own, so the default .venv and the
+# default test run never see them. `make test-extras` builds .venv-extras once, then runs the
+# tests marked `extras`.
+EXTRAS_VENV ?= .venv-extras
+EXTRAS_PY := $(EXTRAS_VENV)/bin/python
+
+$(EXTRAS_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(EXTRAS_VENV)
+	$(EXTRAS_PY) -c "import torch" 2>/dev/null || $(EXTRAS_PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(EXTRAS_PY) -m pip install --quiet -e ".[dev,lora]"
+	touch $@
+
+test-extras: $(EXTRAS_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(EXTRAS_PY) -m pytest -m extras
+
 clean:
-	rm -rf $(VENV) demo_out
+	rm -rf $(VENV) $(EXTRAS_VENV) demo_out

@@ -99,3 +99,14 @@ def test_a_partial_nested_override_keeps_the_sections_defaults() -> None:
     changed = resolve_config("grpo", overrides=["data.world.max_hops=2"]).data.world
     assert changed.max_hops == 2
     assert changed.num_people == default.num_people != 1000  # the embedded world, not the class default
+
+
+def test_lora_without_peft_fails_at_config_load(monkeypatch) -> None:
+    import tracerl.train.config as config_module
+
+    monkeypatch.setattr(config_module, "peft_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"model.lora.r > 0 needs peft: pip install 'tracerl\[lora\]'"):
+        resolve_config("grpo", overrides=["model.lora.r=8"])
+    assert resolve_config("grpo", overrides=["model.lora.r=0"]).model.lora.r == 0
+    with pytest.raises(ConfigError, match="model.lora.r must be >= 0"):
+        resolve_config("grpo", overrides=["model.lora.r=-1"])

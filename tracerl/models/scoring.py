@@ -11,11 +11,12 @@ is about ``max(cuts) + cuts * (|A| + |y*|)`` tokens instead of ``cuts * L``.
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal
+from typing import Any, ContextManager, Literal
 
 import torch
 
 from tracerl.core.types import Action, Task, Trajectory
+from tracerl.models.lora import adapter_disabled, is_peft_model
 from tracerl.models.prefix_cache import forward_with_cache, new_cache, output_cache
 
 Method = Literal["packed", "crop"]
@@ -204,15 +205,25 @@ def answer_token_ids(tokenizer: Any, fmt: Any, answer: str) -> tuple[list[int], 
 
 
 class ReferenceScorer:
-    """A frozen copy of the initial policy that scores readiness ``l_k`` (spec section 2 step 1).
+    """The frozen initial policy that scores readiness ``l_k`` (spec section 2 step 1).
 
-    The copy is taken at construction, put in eval mode with gradients off, and never updated.
+    A plain model is deep-copied at construction (optionally cast to ``dtype``: frozen weights
+    need no float32 master copy, so a bf16 reference costs 2 bytes per parameter), put in eval
+    mode with gradients off, and never updated. A peft (LoRA) model is *not* copied: the
+    reference is the same model with its adapter disabled, entered through :meth:`frozen`
+    around every reference forward.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, fmt: Any, method: Method | None = None) -> None:
-        self.model = copy.deepcopy(model)
-        self.model.eval()
-        self.model.requires_grad_(False)
+    def __init__(self, model: Any, tokenizer: Any, fmt: Any, method: Method | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        if is_peft_model(model):
+            self.model = model  # shared with the policy; frozen() switches the adapter off
+        else:
+            self.model = copy.deepcopy(model)
+            if dtype is not None:
+                self.model.to(dtype=dtype)
+            self.model.eval()
+            self.model.requires_grad_(False)
         self.tokenizer = tokenizer
         self.fmt = fmt
         self.method = method
@@ -228,18 +239,24 @@ class ReferenceScorer:
         """``l_k`` at each boundary ``S_0..S_T`` of ``trajectory`` for the gold answer of ``task``."""
         if trajectory.task_id != task.id:
             raise ValueError(f"trajectory is for task {trajectory.task_id!r}, not {task.id!r}")
-        opener, answer = self._answer_ids(task.gold)
-        cuts = trajectory.boundaries
-        ids = torch.tensor(trajectory.token_ids[: cuts[-1]], dtype=torch.long)
-        scores = score_prefixes(
-            self.model,
-            ids,
-            cuts,
-            torch.tensor(answer, dtype=torch.long),
-            opener_ids=torch.tensor(opener, dtype=torch.long),
-            method=self.method,
-        )
+        with self.frozen():
+            opener, answer = self._answer_ids(task.gold)
+            cuts = trajectory.boundaries
+            ids = torch.tensor(trajectory.token_ids[: cuts[-1]], dtype=torch.long)
+            scores = score_prefixes(
+                self.model,
+                ids,
+                cuts,
+                torch.tensor(answer, dtype=torch.long),
+                opener_ids=torch.tensor(opener, dtype=torch.long),
+                method=self.method,
+            )
         values = scores.tolist()
         if not all(v == v and abs(v) != float("inf") for v in values):
             raise ValueError(f"non-finite readiness scores for task {task.id!r}: {values}")
         return values
+
+    def frozen(self) -> ContextManager[Any]:
+        """Enter around every reference forward: disables the LoRA adapter of a shared peft
+        model (the base model is the reference), a null context for a deep-copied reference."""
+        return adapter_disabled(self.model)

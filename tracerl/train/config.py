@@ -18,6 +18,7 @@ from tracerl.core.advantages import AdvantageOptions, available_estimators
 from tracerl.core.losses import available_aggregations
 from tracerl.envs.synthwiki import WorldConfig
 from tracerl.envs.verifiers import VERIFIERS
+from tracerl.models.lora import PEFT_MISSING, peft_available
 from tracerl.models.tiny_config import DEFAULT_WORLD, SMOKE_WORLD
 from tracerl.rollout.engine import EngineConfig
 from tracerl.rollout.schemes import SCHEME_NAMES, SchemeConfig
@@ -89,6 +90,38 @@ class DataConfig:
 
 
 @dataclass
+class LoraConfig:
+    """Optional LoRA adapter through peft (``pip install 'tracerl[lora]'``); ``r = 0`` is off.
+
+    With LoRA only the adapter trains, and the frozen reference is the same model with the
+    adapter disabled (no second copy of the weights)."""
+
+    r: int = 0
+    """Adapter rank; 0 disables LoRA (full fine-tuning)."""
+    alpha: float = 32.0
+    """LoRA scaling numerator: the adapter's update is scaled by ``alpha / r``."""
+    dropout: float = 0.0
+    """Dropout on the adapter input, in [0, 1)."""
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    """Names of the linear layers that get an adapter (Qwen/Llama naming by default)."""
+
+    def __post_init__(self) -> None:
+        if self.r < 0:
+            raise ConfigError(f"model.lora.r must be >= 0 (0: off), got {self.r}")
+        if self.r == 0:
+            return
+        _positive("model.lora", alpha=self.alpha)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules or not all(isinstance(m, str) and m for m in self.target_modules):
+            raise ConfigError(f"model.lora.target_modules must be a non-empty list of module names, "
+                              f"got {self.target_modules!r}")
+        if not peft_available():
+            raise ConfigError(PEFT_MISSING)
+
+
+@dataclass
 class ModelConfig:
     """The policy (and, frozen, the reference)."""
 
@@ -100,12 +133,20 @@ class ModelConfig:
     format: str = "react"
     """Agent format: ``react`` (plain text, small models) or ``chat`` (tool-call chat template)."""
     dtype: str = "float32"
+    """Working precision of the forwards (generation, scoring, update): ``float32``, ``bfloat16``
+    (autocast; CPU or CUDA) or ``float16`` (autocast with loss scaling; CUDA only). Weights and
+    optimiser state stay float32 master copies whatever this says."""
     device: str = "cpu"
+    """``cpu``, ``cuda`` or ``cuda:N``."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         _one_of("model", "format", self.format, ["react", "chat"])
         _one_of("model", "dtype", self.dtype, ["float32", "bfloat16", "float16"])
         check_device(self.device)  # cheap (no CUDA init); model.name_or_path: see resolve_config
+        if self.dtype == "float16" and not self.device.startswith("cuda"):
+            raise ConfigError(f"model.dtype = 'float16' needs model.device = 'cuda' (got {self.device!r}); "
+                              "use model.dtype = 'bfloat16' on CPU")
 
 
 @dataclass
@@ -172,6 +213,9 @@ class OptimConfig:
     max_nonfinite_steps: int = 3
     """Consecutive optimiser steps with a non-finite loss or gradient norm that are skipped
     before the run stops (the last good checkpoint stays intact)."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder activations in backward (``gradient_checkpointing_enable``, non-reentrant):
+    less activation memory for about one extra forward per update."""
 
     def __post_init__(self) -> None:
         _one_of("optim", "schedule", self.schedule, ["constant", "cosine", "linear"])

@@ -11,7 +11,7 @@ import random
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ from tracerl.core.types import Trajectory
 from tracerl.envs.verifiers import get_verifier
 from tracerl.models.backend import HFPolicy
 from tracerl.models.loading import load_model
+from tracerl.models.lora import apply_lora, trainable_parameters
+from tracerl.models.memory import enable_gradient_checkpointing
+from tracerl.models.precision import DTYPES, compute_context, grad_scaler
 from tracerl.models.scoring import ReferenceScorer
 from tracerl.rollout.engine import RolloutEngine
 from tracerl.rollout.evaluate import evaluate
@@ -85,8 +88,12 @@ class Trainer:
                 dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
             self.model.save_pretrained(initial)
             self.tokenizer.save_pretrained(initial)
+        self.model = _prepare_policy(self.model, cfg)
         needs_reference = cfg.algo.credit or cfg.optim.kl_coef > 0
-        self.reference = ReferenceScorer(self.model, self.tokenizer, self.fmt) if needs_reference else None
+        # The frozen reference needs no float32 master copy: keep it in the working precision.
+        ref_dtype = None if cfg.model.dtype == "float32" else DTYPES[cfg.model.dtype]
+        self.reference = (ReferenceScorer(self.model, self.tokenizer, self.fmt, dtype=ref_dtype)
+                          if needs_reference else None)
         verifier = get_verifier(cfg.data.verifier)
         backend = HFPolicy(self.model, self.tokenizer)
         self.engine = RolloutEngine(backend, self.data.environment, self.fmt, verifier, cfg.rollout.engine)
@@ -97,10 +104,13 @@ class Trainer:
         self.scheme = get_scheme(cfg.rollout.scheme, cfg.rollout.schemes, self.predictor, readiness)
         self.estimator = get_estimator(cfg.algo.estimator)
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        # AdamW over float32 master weights (only the adapters under LoRA); its state is float32 too.
+        self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=o.lr, betas=o.betas,
+                                           weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.scaler = grad_scaler(cfg.model.device, cfg.model.dtype)  # float16 on CUDA only
         self.update_settings = UpdateSettings(o.micro_batch_size, cfg.rollout.engine.temperature, o.clip_low,
-                                              o.clip_high, o.kl_coef, o.loss_agg, o.grad_clip)
+                                              o.clip_high, o.kl_coef, o.loss_agg, o.grad_clip, dtype=cfg.model.dtype)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.step_index, self.cursor = 0, 0
         self.totals = {"rollouts": 0, "generated_tokens": 0}
@@ -116,13 +126,15 @@ class Trainer:
 
         pool = take_pool(self.data.train, self.cursor, cfg.rollout.pool_size)
         self.model.eval()
-        result = self.scheme.collect(self.engine, pool, cfg.rollout.budget, self.generator)
+        with self._compute():
+            result = self.scheme.collect(self.engine, pool, cfg.rollout.budget, self.generator)
         self.cursor += result.consumed
         trajectories = [t for tree in result.trees for t in tree.trajectories.values()]
         clock = _lap(timings, "rollout", clock)
 
         if cfg.algo.credit:
-            self._score_readiness(trajectories)
+            with self._compute():
+                self._score_readiness(trajectories)
         clock = _lap(timings, "scoring", clock)
 
         batch = AdvantageBatch(trajectories, {tree.tree_id: tree for tree in result.trees})
@@ -147,16 +159,23 @@ class Trainer:
             if traj.readiness is None and not traj.infra_failed:
                 traj.readiness = self.reference.readiness(traj, self.tasks[traj.task_id])
 
+    def _compute(self) -> ContextManager[Any]:
+        """The working precision (``model.dtype``) for forwards: bf16/fp16 autocast or nothing.
+        The update enters it itself around its forwards only, so backward runs outside autocast."""
+        return compute_context(self.config.model.device, self.config.model.dtype)
+
     def _update(self, pairs: list[tuple[Trajectory, torch.Tensor]]) -> dict[str, float]:
         if not pairs:
-            return {"loss": 0.0, "grad_norm": 0.0, "kl": 0.0, "clip_fraction": 0.0, "trained_tokens": 0.0}
-        reference = self.reference.model if (self.reference and self.config.optim.kl_coef > 0) else None
+            return {"loss": 0.0, "grad_norm": 0.0, "kl": 0.0, "clip_fraction": 0.0, "trained_tokens": 0.0,
+                    "nonfinite_skipped": 0.0}
+        # The scorer, not its model: its frozen() disables a LoRA adapter around the KL forward.
+        reference = self.reference if (self.reference and self.config.optim.kl_coef > 0) else None
         chunks = np.array_split(np.arange(len(pairs)), min(self.config.optim.updates_per_step, len(pairs)))
         merged: dict[str, float] = {}
         for chunk in chunks:
             part = [pairs[i] for i in chunk]
             metrics = policy_update(self.model, self.optimizer, [p[0] for p in part], [p[1] for p in part],
-                                    self.update_settings, self.tokenizer.pad_token_id, reference)
+                                    self.update_settings, self.tokenizer.pad_token_id, reference, self.scaler)
             for key, value in metrics.items():
                 merged[key] = merged.get(key, 0.0) + value / len(chunks)
         self.scheduler.step()
@@ -195,7 +214,8 @@ class Trainer:
         """Accuracy on ``tasks`` with a generator of its own, so evaluating never shifts training."""
         self.model.eval()
         generator = torch.Generator().manual_seed(self.config.seed + 7919 * self.step_index)
-        report = evaluate(self.eval_engine, tasks[: self.config.eval.size], samples=1, generator=generator)
+        with self._compute():
+            report = evaluate(self.eval_engine, tasks[: self.config.eval.size], samples=1, generator=generator)
         return {f"{label}_accuracy": report.metrics["em"], f"{label}_f1": report.metrics["f1"],
                 f"{label}_turns": report.metrics["mean_turns"]}
 
@@ -249,6 +269,19 @@ class Trainer:
         self.step_index, self.cursor, self.totals = state["step"], state["cursor"], state["totals"]
         state["rng"].restore(self.generator)
         self.log.truncate_after(self.step_index)
+
+
+def _prepare_policy(model: Any, config: TrainConfig) -> Any:
+    """Gradient checkpointing and the LoRA adapter (float32, on a base kept in the working precision),
+    as configured; otherwise the float32 model is returned as it is."""
+    if config.optim.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    lora = config.model.lora
+    if lora.r > 0:
+        if config.model.dtype != "float32":  # the frozen base needs no float32 master copy
+            model.to(dtype=DTYPES[config.model.dtype])
+        model = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
+    return model
 
 
 def _lap(timings: dict[str, float], name: str, since: float) -> float:

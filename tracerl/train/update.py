@@ -1,19 +1,33 @@
 """The policy update: clipped-PPO over micro-batches with one normaliser per optimiser step.
 
 Math (surrogate, KL, aggregation) lives in :mod:`tracerl.core.losses`; this module only
-batches trajectories into padded tensors, runs the model and steps the optimiser.
+batches trajectories into padded tensors on the model's device, runs the model under the
+working precision and steps the optimiser.
+
+Precision: parameters and AdamW state are float32 master copies; forwards run under
+:func:`~tracerl.models.precision.compute_context` (bf16/fp16 autocast), backward runs outside
+it, and log-softmax, log-probs and the loss are float32. Host syncs: one per optimiser step
+(the metrics and the finite check are read together at the end), none inside the micro-batch loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from tracerl.core.losses import aggregate_loss, clipped_surrogate_loss, k3_kl, loss_normaliser
 from tracerl.core.types import Trajectory
+from tracerl.models.lora import trainable_parameters
+from tracerl.models.precision import compute_context, model_device
+
+LOGPROB_CHUNK = 1024
+"""Positions per lm_head chunk: at Qwen3's 151,936-token vocabulary one chunk's fp32 logits are
+~0.6 GB, whatever the micro-batch size (the full [B, L, V] tensor at 32 x 4,096 would be ~80 GB)."""
 
 
 @dataclass
@@ -27,7 +41,13 @@ class PaddedBatch:
     advantages: Tensor
 
 
-def pad_trajectories(trajectories: Sequence[Trajectory], advantages: Sequence[Tensor], pad_id: int) -> PaddedBatch:
+def pad_trajectories(trajectories: Sequence[Trajectory], advantages: Sequence[Tensor], pad_id: int,
+                     device: str | torch.device = "cpu") -> PaddedBatch:
+    """Pad ``trajectories`` to one [B, L] batch on ``device``.
+
+    The rows are filled on the CPU (they start as Python lists) and the five tensors move to
+    ``device`` once, from pinned memory with ``non_blocking`` on CUDA so the copy overlaps.
+    """
     length = max(len(t.token_ids) for t in trajectories)
     size = (len(trajectories), length)
     ids = torch.full(size, pad_id, dtype=torch.long)
@@ -36,21 +56,87 @@ def pad_trajectories(trajectories: Sequence[Trajectory], advantages: Sequence[Te
     old = torch.zeros(size)
     adv = torch.zeros(size)
     for row, (traj, a) in enumerate(zip(trajectories, advantages)):
-        tokens = traj.token_ids
-        n = len(tokens)
-        ids[row, :n] = torch.tensor(tokens)
+        n = len(traj.token_ids)
+        ids[row, :n] = torch.tensor(traj.token_ids)
         attention[row, :n] = 1
         mask[row, :n] = torch.tensor(traj.sampled)
         old[row, :n] = torch.tensor(traj.old_logprobs)
-        adv[row, :n] = a
-    return PaddedBatch(ids, attention, mask, old, adv)
+        adv[row, :n] = a.detach().to("cpu", torch.float32)
+    target = torch.device(device)
+    pin = target.type == "cuda"
+
+    def move(t: Tensor) -> Tensor:
+        return (t.pin_memory() if pin else t).to(target, non_blocking=pin)
+
+    return PaddedBatch(move(ids), move(attention), move(mask), move(old), move(adv))
 
 
-def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, temperature: float) -> Tensor:
-    """log p(token_t | tokens_<t) at ``temperature`` for every position, [B, L] (0 at t = 0)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+def _logit_transform(config: Any) -> Callable[[Tensor], Tensor]:
+    """What a family's ``ForCausalLM.forward`` does to ``lm_head`` output before returning logits.
+
+    Covered: Cohere's ``logit_scale`` (multiply), Granite's ``logits_scaling`` (divide), Gemma 2/3's
+    ``final_logit_softcapping`` (``c * tanh(x / c)``). Llama, Qwen2/3, Mistral and most others
+    return ``lm_head(h)`` unchanged. A family not listed that rescales logits would need adding here.
+    """
+    scale = getattr(config, "logit_scale", None)
+    divide = getattr(config, "logits_scaling", None)
+    cap = getattr(config, "final_logit_softcapping", None)
+
+    def transform(logits: Tensor) -> Tensor:
+        if scale is not None:
+            logits = logits * scale
+        if divide is not None:
+            logits = logits / divide
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return transform
+
+
+def _chunk_logprobs(hidden: Tensor, targets: Tensor, head: torch.nn.Module, transform: Callable[[Tensor], Tensor],
+                    temperature: float) -> Tensor:
+    """log-softmax(head(hidden) / T)[targets] in float32: hidden [N, H], targets [N] -> [N]."""
+    logits = transform(head(hidden)).float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+def _full_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, temperature: float) -> Tensor:
+    """Fallback for models without ``get_decoder``/``get_output_embeddings``: full [B, L-1, V] logits."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
     logprobs = torch.log_softmax(logits / temperature, dim=-1)
-    picked = logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, temperature: float,
+                   chunk: int = LOGPROB_CHUNK) -> Tensor:
+    """log p(token_t | tokens_<t) at ``temperature`` for every position, [B, L] float32 (0 at t = 0).
+
+    The decoder runs once to hidden states [B, L, H]; ``lm_head`` + log-softmax + gather then run
+    over ``chunk`` positions at a time, each chunk under activation checkpointing when gradients
+    are on, so neither forward nor backward holds more than one chunk's [chunk, V] logits.
+    Works for plain Hugging Face causal LMs and peft-wrapped ones (both expose ``get_decoder``
+    and ``get_output_embeddings``; LoRA layers sit inside the decoder modules).
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 to score log-probs, got {temperature} "
+                         "(rollout.engine.temperature = 0 is greedy decoding; train with a positive temperature)")
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if decoder is None or head is None or decoder is model:
+        picked = _full_logprobs(model, input_ids, attention_mask, temperature)
+        return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    batch, length = input_ids.shape
+    flat_hidden = hidden[:, :-1].reshape(batch * (length - 1), hidden.shape[-1])
+    flat_targets = input_ids[:, 1:].reshape(-1)
+    transform = _logit_transform(model.config)
+    recompute = torch.is_grad_enabled() and flat_hidden.requires_grad
+    pieces = []
+    for start in range(0, flat_targets.numel(), chunk):
+        args = (flat_hidden[start : start + chunk], flat_targets[start : start + chunk], head, transform, temperature)
+        pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute else _chunk_logprobs(*args))
+    picked = torch.cat(pieces).view(batch, length - 1) if pieces else flat_hidden.new_zeros(batch, 0).float()
     return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
 
 
@@ -63,6 +149,17 @@ class UpdateSettings:
     kl_coef: float
     loss_agg: str
     grad_clip: float
+    dtype: str = "float32"
+    """Working precision of the forwards (``model.dtype``); weights and optimiser stay float32."""
+    logprob_chunk: int = LOGPROB_CHUNK
+
+
+def _reference_parts(reference: Any) -> tuple[Any, Callable[[], ContextManager[Any]]]:
+    """``(model, frozen)`` of a :class:`~tracerl.models.scoring.ReferenceScorer` (its ``frozen()``
+    disables a LoRA adapter) or of a plain frozen model (null context)."""
+    if hasattr(reference, "frozen") and hasattr(reference, "model"):
+        return reference.model, reference.frozen
+    return reference, contextlib.nullcontext
 
 
 def policy_update(
@@ -73,46 +170,80 @@ def policy_update(
     settings: UpdateSettings,
     pad_id: int,
     reference: Any | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> dict[str, float]:
-    """One optimiser step over ``trajectories`` with gradient accumulation over micro-batches."""
+    """One optimiser step over ``trajectories`` with gradient accumulation over micro-batches.
+
+    ``reference`` (for the KL term) is a ReferenceScorer or a frozen model on the same device.
+    ``scaler`` is the float16 loss scaler (None otherwise). If the summed loss or the gradient
+    norm is not finite the gradients are dropped and the step is skipped
+    (``nonfinite_skipped = 1.0``; the key is always present).
+    """
     model.train()
     optimizer.zero_grad(set_to_none=True)
+    device = model_device(model)
     masks = [torch.tensor(t.sampled, dtype=torch.bool) for t in trajectories]
     # The normaliser counts every trajectory of the step, whichever micro-batch it lands in.
     normaliser = loss_normaliser(masks, settings.loss_agg, norm_length=max(len(m) for m in masks))
-    totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "tokens": 0.0}
-    for chunk in _micro_batches(trajectories, advantages, settings, reference is not None):
-        batch = pad_trajectories([trajectories[i] for i in chunk], [advantages[i] for i in chunk], pad_id)
-        logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask, settings.temperature)
-        per_token = clipped_surrogate_loss(
-            logprobs, batch.old_logprobs, batch.advantages, clip_low=settings.clip_low, clip_high=settings.clip_high
-        )
-        kl = torch.zeros_like(per_token)
-        if reference is not None and settings.kl_coef > 0:
-            with torch.no_grad():
-                ref_logprobs = token_logprobs(reference, batch.input_ids, batch.attention_mask, settings.temperature)
-            kl = k3_kl(logprobs, ref_logprobs)
-            per_token = per_token + settings.kl_coef * kl
-        loss = aggregate_loss(per_token, batch.loss_mask, settings.loss_agg, normaliser)
-        loss.backward()
-        with torch.no_grad():
-            m = batch.loss_mask
-            ratio = torch.exp(logprobs - batch.old_logprobs)
-            clipped = ((ratio < 1 - settings.clip_low) | (ratio > 1 + settings.clip_high)) & m
-            totals["loss"] += float(loss)
-            totals["kl"] += float((kl * m).sum())
-            totals["clip_fraction"] += float(clipped.sum())
-            totals["tokens"] += float(m.sum())
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
-    optimizer.step()
-    tokens = max(totals["tokens"], 1.0)
+    chunks = _micro_batches(trajectories, advantages, settings, reference is not None)
+    if not chunks:  # no row carries signal: nothing to run (and a GradScaler must not step without grads)
+        return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0,
+                "nonfinite_skipped": 0.0}
+    sums = torch.zeros(4, device=device)  # loss, kl token sum, clipped tokens, trained tokens
+    for chunk in chunks:
+        batch = pad_trajectories([trajectories[i] for i in chunk], [advantages[i] for i in chunk], pad_id, device)
+        loss, stats = _micro_batch_loss(model, batch, settings, normaliser, reference)
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        sums += torch.cat([loss.detach()[None], stats])
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    params = trainable_parameters(model)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip) if params else torch.zeros((), device=device)
+    loss_sum, kl_sum, clipped, tokens, norm = torch.cat([sums, grad_norm.detach().float().reshape(1).to(device)]).tolist()
+    finite = all(v == v and abs(v) != float("inf") for v in (loss_sum, norm))
+    if finite:
+        (scaler.step(optimizer) if scaler is not None else optimizer.step())
+    else:
+        optimizer.zero_grad(set_to_none=True)
+    if scaler is not None:
+        scaler.update()  # lowers the scale after an overflow; unscale_ recorded the inf check
+    count = max(tokens, 1.0)
     return {
-        "loss": totals["loss"],
-        "kl": totals["kl"] / tokens,
-        "clip_fraction": totals["clip_fraction"] / tokens,
-        "grad_norm": float(grad_norm),
-        "trained_tokens": totals["tokens"],
+        "loss": loss_sum,
+        "kl": kl_sum / count,
+        "clip_fraction": clipped / count,
+        "grad_norm": norm,
+        "trained_tokens": tokens,
+        "nonfinite_skipped": 0.0 if finite else 1.0,
     }
+
+
+def _micro_batch_loss(model: Any, batch: PaddedBatch, settings: UpdateSettings, normaliser: float,
+                      reference: Any | None) -> tuple[Tensor, Tensor]:
+    """Aggregated loss of one micro-batch (a scalar to backward) and its detached statistics
+    ``[kl summed over trained tokens, clipped tokens, trained tokens]``, all on the model's device."""
+    compute = compute_context(batch.input_ids.device, settings.dtype)
+    with compute:
+        logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask, settings.temperature,
+                                  settings.logprob_chunk)
+    per_token = clipped_surrogate_loss(
+        logprobs, batch.old_logprobs, batch.advantages, clip_low=settings.clip_low, clip_high=settings.clip_high
+    )
+    kl = torch.zeros_like(per_token)
+    if reference is not None and settings.kl_coef > 0:
+        ref_model, frozen = _reference_parts(reference)
+        with torch.no_grad(), frozen(), compute_context(batch.input_ids.device, settings.dtype):
+            ref_logprobs = token_logprobs(ref_model, batch.input_ids, batch.attention_mask, settings.temperature,
+                                          settings.logprob_chunk)
+        kl = k3_kl(logprobs, ref_logprobs)
+        per_token = per_token + settings.kl_coef * kl
+    loss = aggregate_loss(per_token, batch.loss_mask, settings.loss_agg, normaliser)
+    with torch.no_grad():
+        m = batch.loss_mask
+        ratio = torch.exp(logprobs - batch.old_logprobs)
+        clipped = ((ratio < 1 - settings.clip_low) | (ratio > 1 + settings.clip_high)) & m
+        stats = torch.stack([(kl * m).sum(), clipped.sum().float(), m.sum().float()])
+    return loss, stats
 
 
 def _micro_batches(trajectories: Sequence[Trajectory], advantages: Sequence[Tensor], settings: UpdateSettings,
