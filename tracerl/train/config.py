@@ -82,7 +82,10 @@ class ModelConfig:
     tiny_preset: str = "default"
     """Which embedded tiny-model preset ``tiny`` refers to."""
     format: str = "react"
-    """Agent format: ``react`` (plain text, small models) or ``chat`` (tool-call chat template)."""
+    """Agent format: ``react`` (plain text, small models) or ``chat`` (the tokenizer's chat template
+    with tool calls; the built-in Qwen3 markup for tokenizers without one)."""
+    system_prompt: str = ""
+    """System text of the prompt (``chat``: its default asks for tool calls and an <answer>)."""
     dtype: str = "float32"
     device: str = "cpu"
 

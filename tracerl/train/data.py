@@ -13,11 +13,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tracerl.core.types import Task
-from tracerl.envs.base import EnvConfig, ToolEnvironment
+from tracerl.envs.base import ToolEnvironment
 from tracerl.envs.data import Document, load_corpus, load_tasks
-from tracerl.envs.search import SearchIndex, search_tools
 from tracerl.envs.synthwiki import build_world
-from tracerl.rollout.engine import EngineConfig
+from tracerl.rollout.engine import EngineConfig, search_environment
 from tracerl.train.config import DataConfig
 
 
@@ -57,9 +56,7 @@ class TaskData:
 
 
 def _world_env(documents: list[Document], data: DataConfig, engine: EngineConfig) -> ToolEnvironment:
-    index = SearchIndex(documents)
-    tools = search_tools(index, top_k=data.search_top_k, max_tokens=engine.max_observation_tokens)
-    return ToolEnvironment(tools, EnvConfig(max_turns=engine.max_turns, max_observation_tokens=engine.max_observation_tokens))
+    return search_environment(documents, data.search_top_k, engine)  # the factory evaluation uses too
 
 
 def load_task_data(data: DataConfig, engine: EngineConfig, seed: int) -> TaskData:
