@@ -87,23 +87,40 @@ class ChatTemplateFormat(AgentFormat):
         self.thinking = thinking
         """Passed to the template as ``enable_thinking`` (Qwen3 no-think mode when False)."""
         self.system_role = self._accepts_system()
+        """Whether the system text is a system message (else it heads the user message)."""
         self.renders_tools = self._renders_tools()
+        self.observation_role = ""
+        """``tool``, or ``user`` where the template rejects tool messages."""
+        failures = []
+        # A template may move the system message (Mistral puts it before the last user turn):
+        # then the system text goes into the first user message instead.
+        for system_role in dict.fromkeys([self.system_role, False]):
+            self.system_role = system_role
+            try:
+                self._reference_turn()
+                self.observation_role = self._observation_role()
+                break
+            except ValueError as exc:
+                failures.append(str(exc))
+        else:
+            raise ValueError(" / ".join(failures))
+        stop = self._end_token()
+        self.stop_strings = ("</tool_call>", "</answer>") + ((stop,) if stop else ())
+
+    # --- construction checks --------------------------------------------------------------
+
+    def _reference_turn(self) -> None:
+        """Render the reference conversation up to a closed assistant turn; read its end of turn."""
         self._reference = self._messages(_QUESTION, None)
         thought = "<think>\ntracerl reference thought\n</think>\n\n"
         self._assistant = {"role": "assistant", "content": thought + _ANSWER_MARK}
         closed = self._render(self._reference + [self._assistant], generation=False)
         if _ANSWER_MARK not in closed:
-            raise ValueError("the chat template drops the content of assistant messages; it cannot run the chat format")
+            raise ValueError("the chat template drops the content of assistant messages")
         self._closed = closed
         self.end_of_turn = closed[closed.rindex(_ANSWER_MARK) + len(_ANSWER_MARK):]
-        """Text the template writes after an assistant message's content (``<|im_end|>\\n`` for Qwen)."""
+        """Text the template writes after an assistant message's content (``<|im_end|>\n`` for Qwen)."""
         self._end_ids = self._encode(self.end_of_turn)
-        self.observation_role = self._observation_role()
-        """``tool``, or ``user`` where the template rejects tool messages."""
-        stop = self._end_token()
-        self.stop_strings = ("</tool_call>", "</answer>") + ((stop,) if stop else ())
-
-    # --- construction checks --------------------------------------------------------------
 
     def _render(self, messages: list[dict[str, str]], generation: bool, tools: Any = None) -> str:
         return str(self.tokenizer.apply_chat_template(

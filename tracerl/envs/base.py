@@ -31,7 +31,7 @@ class EnvConfig:
     """Episode limits as the environment applies them.
 
     The limits are defined once, by the rollout engine's config (``EngineConfig``), and an
-    environment gets them through ``tracerl.rollout.engine.env_config``; the defaults here are
+    environment gets them through :func:`env_config`; the defaults here are
     the same constants. The unit of ``max_observation_tokens`` is tokens of the policy's
     tokenizer, which only the engine knows: it cuts the rendered observation to that many
     tokens. The environment pre-cuts a tool result to that many whitespace words, which never
@@ -52,6 +52,19 @@ class EnvConfig:
             raise ValueError(f"EnvConfig.max_observation_tokens must be >= 1, got {self.max_observation_tokens}")
         if self.tool_timeout_s is not None and self.tool_timeout_s <= 0:
             raise ValueError(f"EnvConfig.tool_timeout_s must be > 0 or None, got {self.tool_timeout_s}")
+
+
+class EpisodeLimits(Protocol):
+    """Anything holding the two episode limits (``EngineConfig``, the one place they are set)."""
+
+    max_turns: int
+    max_observation_tokens: int
+
+
+def env_config(limits: EpisodeLimits, tool_timeout_s: float | None = None) -> EnvConfig:
+    """The environment config of ``limits`` (the one place an environment's limits are derived)."""
+    return EnvConfig(max_turns=limits.max_turns, max_observation_tokens=limits.max_observation_tokens,
+                     tool_timeout_s=tool_timeout_s)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from tracerl.core.types import RolloutTree, Task, Trajectory, Turn
-from tracerl.envs.base import DEFAULT_MAX_OBSERVATION_TOKENS, DEFAULT_MAX_TURNS, EnvConfig, ToolEnvironment
+from tracerl.envs.base import DEFAULT_MAX_OBSERVATION_TOKENS, DEFAULT_MAX_TURNS
 from tracerl.models.backend import Generation, PolicyBackend, SamplingParams
 
 Verifier = Callable[[str, Task], float]
@@ -40,8 +40,9 @@ class EngineConfig:
     """Limits and sampling of one rollout engine.
 
     ``max_turns`` and ``max_observation_tokens`` are THE episode limits: training, evaluation and
-    benchmarks build their environments from them with :func:`env_config` /
-    :func:`search_environment`, so every path cuts episodes and observations alike.
+    benchmarks build their environments from them with :func:`~tracerl.envs.base.env_config` /
+    :func:`~tracerl.envs.search.search_environment`, so every path cuts episodes and
+    observations alike.
     """
 
     max_turns: int = DEFAULT_MAX_TURNS
@@ -66,26 +67,6 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"EngineConfig.top_p must be in (0, 1], got {self.top_p}")
-
-
-def env_config(config: EngineConfig, tool_timeout_s: float | None = None) -> EnvConfig:
-    """The environment limits of an engine config (the one place they are derived)."""
-    return EnvConfig(max_turns=config.max_turns, max_observation_tokens=config.max_observation_tokens,
-                     tool_timeout_s=tool_timeout_s)
-
-
-def search_environment(documents: Any, top_k: int, config: EngineConfig,
-                       tool_timeout_s: float | None = None) -> ToolEnvironment:
-    """``search``/``open`` over ``documents`` (a list or a built ``SearchIndex``) under ``config``'s limits.
-
-    Training (``train/data.py``) and evaluation (:func:`~tracerl.rollout.evaluate.run_eval`) both
-    build their environments here, so a document is cut the same way in both.
-    """
-    from tracerl.envs.search import SearchIndex, search_tools
-
-    index = documents if isinstance(documents, SearchIndex) else SearchIndex(documents)
-    tools = search_tools(index, top_k=top_k, max_tokens=config.max_observation_tokens)
-    return ToolEnvironment(tools, env_config(config, tool_timeout_s))
 
 
 @dataclass

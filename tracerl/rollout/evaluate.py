@@ -23,7 +23,7 @@ import torch
 
 from tracerl.core.types import Task, Trajectory
 from tracerl.envs.verifiers import exact_match, token_f1
-from tracerl.rollout.engine import EngineConfig, RolloutEngine, search_environment
+from tracerl.rollout.engine import EngineConfig, RolloutEngine
 
 
 @dataclass
@@ -147,6 +147,7 @@ def run_eval(
     """Load a model folder, tasks and corpus, evaluate, optionally write JSONL; returns the metrics."""
     from tracerl.agent.formats import get_format
     from tracerl.envs.data import load_corpus, load_tasks
+    from tracerl.envs.search import search_environment
     from tracerl.models.backend import HFPolicy
 
     if limit is not None and limit < 1:

@@ -15,8 +15,9 @@ from typing import Any
 from tracerl.core.types import Task
 from tracerl.envs.base import ToolEnvironment
 from tracerl.envs.data import Document, load_corpus, load_tasks
+from tracerl.envs.search import search_environment
 from tracerl.envs.synthwiki import build_world
-from tracerl.rollout.engine import EngineConfig, search_environment
+from tracerl.rollout.engine import EngineConfig
 from tracerl.train.config import DataConfig
 
 
