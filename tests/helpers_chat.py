@@ -58,6 +58,32 @@ def qwen_like_template(tool_role: bool = True, system_role: bool = True, tools: 
     return system + loop + assistant + tool + _TAIL
 
 
+_LAST_QUERY = (  # index of the last real user message (tool responses do not count)
+    "{%- set ns = namespace(last_query=messages|length - 1, found=false) %}"
+    "{%- for m in messages[::-1] %}{%- if not ns.found and m.role == 'user' "
+    "and not m.content.startswith('<tool_response>') %}"
+    "{%- set ns.found = true %}{%- set ns.last_query = messages|length - 1 - loop.index0 %}{%- endif %}{%- endfor %}"
+)
+_THINKING_ASSISTANT = (  # Qwen3's rule: after the last query, a think block on the last turn or where it has reasoning
+    "{%- elif m.role == 'assistant' %}{%- set content = m.content %}{%- set reasoning = '' %}"
+    "{%- if '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+    "{%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}"
+    "{%- else %}{{- '<|im_start|>assistant\\n' + content }}{%- endif %}{{- '<|im_end|>\\n' }}"
+)
+
+
+def qwen3_thinking_template() -> str:
+    """The Qwen3-like template with Qwen3's think-block rule for assistant turns: a past turn
+    without reasoning is re-rendered without its (empty) think block."""
+    loop = ("{%- for m in messages %}"
+            "{%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}"
+            "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}")
+    return _SYSTEM + _LAST_QUERY + loop + _THINKING_ASSISTANT + _TOOL + _TAIL
+
+
 TEXT = """Answer the question by searching the document collection with the tools. When you know the
 answer, reply with the final answer inside <answer></answer>, as short as possible. Search the
 corpus; returns the best matching documents as title: text lines. Open the document with this

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from helpers_chat import chat_tokenizer, qwen_like_template
+from helpers_chat import chat_tokenizer, qwen3_thinking_template, qwen_like_template
 from helpers_tiny import tiny_model
 
 from tracerl.agent.chat_template import ChatTemplateFormat, has_usable_template
@@ -113,6 +113,27 @@ def test_episode_ids_equal_the_template_rendering_of_the_whole_conversation(tok,
     assert traj.turns[0].assistant_ids[-1] == im_end and first[0] != im_end
     assert tok.decode(first[:2], skip_special_tokens=False) == "\n<|im_start|>"
     assert traj.turns[1].assistant_ids[-1] != im_end and second[:2] == tok.encode("<|im_end|>\n")
+
+
+def test_qwen3_no_think_history_differs_only_by_the_past_empty_think_blocks(env) -> None:
+    """Qwen3's template drops the empty think block of past turns when it re-renders a history, so
+    the whole-conversation rendering legitimately differs from the ids the policy saw; the
+    per-turn invariant holds: the difference is exactly those blocks."""
+    tok = chat_tokenizer(template=qwen3_thinking_template())
+    fmt = ChatTemplateFormat(tok, thinking=False)  # the reference turn's think block keeps it prefix-stable
+    engine = _engine(ScriptedTurns(tok, [(CALL, True), (OPEN, False), (ANSWER, True)]), env, fmt)
+    traj = next(iter(engine.rollout([TASK], [1])[0][0].trajectories.values()))
+    messages = [{"role": "system", "content": fmt.system}, {"role": "user", "content": TASK.question}]
+    for turn in traj.turns:
+        messages.append({"role": "assistant", "content": turn.text})
+        if turn.action.kind == "tool":
+            messages.append({"role": "tool", "content": turn.observation})
+    tools = [{"type": "function", "function": s} for s in env.tools.schemas()]
+    whole = tok.apply_chat_template(messages, tools=tools, tokenize=False, enable_thinking=False)
+    seen = tok.decode(traj.token_ids, skip_special_tokens=False)
+    empty = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert seen.count(empty) == 3 and whole.count(empty) == 1
+    assert whole == seen.replace(empty, "<|im_start|>assistant\n", 2) + "\n"
 
 
 def test_construction_checks(tok) -> None:

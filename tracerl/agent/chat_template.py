@@ -19,7 +19,10 @@ sampled; the forced tokens after a turn are
 TRL extracts its tool-suffix ids the same way (and checks prefix preservation first); verl instead
 renders the tool messages alone and strips the system prompt the template adds. The reference
 assistant turn carries a think block, so templates that keep reasoning only on turns that have
-some (Qwen3) render it the same whether or not a message follows.
+some (Qwen3) render it the same whether or not a message follows. Such a template re-renders a
+*whole* history differently from what the policy saw (Qwen3 drops the empty think block of past
+no-think turns); the ids here are the ones the policy saw, turn by turn, which is what the loss
+needs.
 
 Tool results are ``tool`` messages; a template that rejects that role (raises, e.g. strict role
 alternation) or drops its content gets ``user`` messages instead (detected at construction).
