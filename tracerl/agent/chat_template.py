@@ -168,7 +168,9 @@ class ChatTemplateFormat(AgentFormat):
         if not self._end_ids:
             return ""
         first = self.tokenizer.convert_ids_to_tokens(self._end_ids[0])
-        return first if first in set(self.tokenizer.all_special_tokens) else ""
+        added = getattr(self.tokenizer, "added_tokens_decoder", {}).get(self._end_ids[0])
+        special = first in set(self.tokenizer.all_special_tokens) or bool(getattr(added, "special", False))
+        return first if special else ""
 
     # --- rendering --------------------------------------------------------------------------
 
