@@ -213,3 +213,23 @@ def test_answer_ids_for_scoring_follow_the_format(tok) -> None:
     opener, answer = answer_token_ids(tok, ChatTemplateFormat(tok), "Lumen")
     assert tok.decode(opener) == "<answer>" and tok.decode(answer).strip() == "Lumen"
     assert json.loads(json.dumps(ChatTemplateFormat(tok).describe()))
+
+
+def test_hostile_tool_calls_run_through_the_engine_and_the_records(tok, env, tmp_path) -> None:
+    """Parsing never raises, and nothing after it does either: an escaped lone surrogate and deep
+    nesting become error observations the tokenizer accepts and records JSON can hold."""
+    from tracerl.rollout.evaluate import evaluate
+
+    surrogate = '<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>'
+    deep = '<tool_call>{"name": "search", "arguments": {"query": ' + "[" * 900 + "]" * 900 + "}}</tool_call>"
+    huge = '<tool_call>{"name": "search", "arguments": {"query": ' + "9" * 5000 + "}}</tool_call>"
+    turns = [(surrogate, True), (deep, False), (huge, True), (ANSWER, True)]
+    engine = _engine(ScriptedTurns(tok, turns), env, get_format("chat", tokenizer=tok), max_turn_tokens=3000,
+                     max_total_tokens=20000, max_turns=5)
+    report = evaluate(engine, [TASK])
+    report.write_jsonl(tmp_path / "records.jsonl")
+    record = json.loads((tmp_path / "records.jsonl").read_text())
+    errors = [t["observation"] for t in record["turns"][:3]]
+    assert errors == ["unknown action ?", "search argument query must be of type string",
+                      "the tool call is not valid JSON"]
+    assert report.metrics["em"] == 1.0 and report.metrics["error_action_rate"] == 0.75

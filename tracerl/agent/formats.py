@@ -82,13 +82,18 @@ def encode_prompt(tokenizer: Any, text: str) -> list[int]:
 
 
 def _tool_action(name: str, arguments: dict[str, Any], tools: ToolSet) -> Action:
-    """A tool action, or invalid when the tool or its arguments are wrong."""
+    """A tool action, or invalid when the tool or its arguments are wrong.
+
+    An invalid action keeps only its scalar arguments: nested JSON can be deep enough to break
+    anything that walks it later (``dataclasses.asdict`` for the evaluation records).
+    """
     if name not in tools:
         return Action(kind="invalid", name=name, error=f"unknown action {name}")
     try:
         tools[name].check(arguments)
     except ToolCallError as exc:
-        return Action(kind="invalid", name=name, arguments=arguments, error=str(exc))
+        scalars = {k: v for k, v in arguments.items() if v is None or isinstance(v, (str, int, float, bool))}
+        return Action(kind="invalid", name=name, arguments=scalars, error=str(exc))
     return Action(kind="tool", name=name, arguments=arguments)
 
 
@@ -182,10 +187,15 @@ def _load_json(text: str) -> tuple[bool, Any]:
     """``(ok, value)``; any malformed input is ``(False, None)``, never an exception.
 
     ValueError covers JSONDecodeError and integers past Python's digit limit (4,300 by
-    default); RecursionError deep nesting.
+    default); RecursionError deep nesting. A ``\\ud800``-style escape decodes to a lone
+    surrogate, which no tokenizer and no UTF-8 file accepts (the engine would fail rendering
+    the observation that echoes it): such characters become ``?``.
     """
     try:
-        return True, json.loads(text)
+        value = json.loads(text)
+        if "\\u" in text:
+            value = json.loads(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace").decode("utf-8"))
+        return True, value
     except (ValueError, RecursionError):
         return False, None
 
