@@ -233,3 +233,17 @@ def test_hostile_tool_calls_run_through_the_engine_and_the_records(tok, env, tmp
     assert errors == ["unknown action ?", "search argument query must be of type string",
                       "the tool call is not valid JSON"]
     assert report.metrics["em"] == 1.0 and report.metrics["error_action_rate"] == 0.75
+
+
+def test_a_long_observation_is_cut_inside_the_tool_message(tok, env) -> None:
+    """The token limit covers the forced end of turn and markup; only the result text is cut."""
+    fmt = get_format("chat", tokenizer=tok)
+    full = fmt.observation_ids(Observation("Blue River: Blue River is a novel by Ada Stone.", False, False),
+                               tok.encode("x"), tok)
+    limit = len(full) - 3
+    engine = _engine(ScriptedTurns(tok, [(CALL, False), (ANSWER, True)]), env, fmt, max_observation_tokens=limit)
+    traj = next(iter(engine.rollout([TASK], [1])[0][0].trajectories.values()))
+    forced = tok.decode(traj.turns[0].observation_ids, skip_special_tokens=False)
+    assert len(traj.turns[0].observation_ids) <= limit < len(full)
+    assert forced.startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\nBlue River:")
+    assert forced.endswith(" ...\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
