@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers_chat import chat_tokenizer
+
+from tracerl.agent.chat_template import ChatTemplateFormat
 from tracerl.agent.formats import ChatFormat, ReactFormat, get_format
 from tracerl.core.types import Action, Task
 from tracerl.envs.base import Observation
@@ -108,14 +114,78 @@ FRAGMENTS = ["Action:", "Observation:", "Thought:", "search", "open", "answer", 
              '{"name": "search", "arguments": {"query": ', '"q"', "}", "{", '"', "\\", "null", "[[", "1e999"]
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.one_of(st.text(max_size=80), st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=3), max_size=25).map("".join)))
-def test_parsing_never_raises(text: str) -> None:
-    for fmt in (ReactFormat(), ChatFormat()):
+PARSERS = (ReactFormat(), ChatFormat(), ChatTemplateFormat(chat_tokenizer()))
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=25,
+)
+HUGE_INT = st.integers(4_000, 6_000).map(lambda n: "9" * n)  # Python refuses int strings over 4,300 digits
+DEEP = st.integers(50, 3_000).flatmap(lambda d: st.sampled_from(
+    ["[" * d + "]" * d, '{"a": ' * d + "1" + "}" * d, "[" * d, '{"name": "search", "arguments": ' * d]))
+SURROGATE = st.text(alphabet=st.characters(categories=["Cs"]), min_size=1, max_size=4)
+NUMBERS = st.sampled_from(["1e999", "-1e999", "NaN", "Infinity", "-0", "1" + "0" * 400, "0x10", "1_000"])
+
+
+def _call(name: str, arguments: str) -> str:
+    return '<tool_call>{"name": ' + name + ', "arguments": ' + arguments + "}</tool_call>"
+
+
+TOOL_CALLS = st.one_of(
+    JSON_VALUES.map(lambda v: _call('"search"', json.dumps(v))),
+    JSON_VALUES.map(lambda v: _call('"search"', json.dumps({"query": v}))),
+    JSON_VALUES.map(lambda v: f"[TOOL_CALLS] {json.dumps([{'name': 'open', 'parameters': v}])}"),
+    HUGE_INT.map(lambda n: _call('"search"', '{"query": ' + n + "}")),
+    HUGE_INT.map(lambda n: _call(n, "{}")),
+    HUGE_INT.map(lambda n: '{"name": "search", "arguments": {"query": ' + n + "}}"),
+    DEEP.map(lambda d: _call('"search"', d)),
+    DEEP.map(lambda d: f"<answer>{d}</answer>" if len(d) % 2 else f"Action: search[{d}]"),
+    SURROGATE.map(lambda c: _call('"search"', json.dumps({"query": c}))),
+    SURROGATE.map(lambda c: _call('"search"', '{"query": "\\ud800' + c + '"}')),
+    SURROGATE.map(lambda c: f"Action: answer[{c}]<answer>{c}"),
+    NUMBERS.map(lambda n: _call('"search"', '{"query": ' + n + "}")),
+    NUMBERS.map(lambda n: _call('"search"', '"{\\"query\\": ' + n + '}"')),
+)
+
+
+def _check_never_raises(text: str) -> None:
+    for fmt in PARSERS:
         action = fmt.parse(text, TOOLS)
         assert isinstance(action, Action)
         assert action.kind in ("tool", "answer", "invalid")
         assert (action.kind == "invalid") == bool(action.error)
+        if not any("\ud800" <= c <= "\udfff" for c in text):  # decoded model text never holds surrogates
+            # ... and then neither does the action: observations echoing it can be tokenised, records written
+            json.dumps(dataclasses.asdict(action), ensure_ascii=False).encode("utf-8")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=80), st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=3), max_size=25).map("".join)))
+def test_parsing_never_raises(text: str) -> None:
+    _check_never_raises(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(TOOL_CALLS)
+def test_parsing_never_raises_on_hostile_json(text: str) -> None:
+    """Nested JSON, 5,000-digit integers, deep nesting, lone surrogates, non-finite numbers."""
+    _check_never_raises(text)
+
+
+def test_hostile_tool_calls_become_invalid_actions() -> None:
+    huge = "9" * 5_000
+    assert ReactFormat().parse(f"Action: search[{huge}]", TOOLS).kind == "tool"  # text arguments stay text
+    for fmt in PARSERS[1:]:
+        assert fmt.parse(_call('"search"', '{"query": ' + huge + "}"), TOOLS).error == "the tool call is not valid JSON"
+        deep = fmt.parse(_call('"search"', "[" * 100_000 + "]" * 100_000), TOOLS)
+        assert deep.kind == "invalid" and deep.error
+        nested = fmt.parse(_call('"search"', '{"query": {"a": [1, {"b": null}]}}'), TOOLS)
+        assert nested == Action(kind="invalid", name="search", error="search argument query must be of type string")
+        assert fmt.parse('{"name": "open", "parameters": {"title": "X"}}', TOOLS) == Action(
+            kind="tool", name="open", arguments={"title": "X"})
+        escaped = fmt.parse(_call('"\\ud800x"', '{"q\\udc00": "\\ud83d\\ude00 \\ud800"}'), TOOLS)
+        assert escaped == Action(kind="invalid", name="?x", error="unknown action ?x")
+        assert fmt.parse(_call('"open"', '{"title": "a\\ud800"}'), TOOLS).arguments == {"title": "a?"}
 
 
 @settings(max_examples=100, deadline=None)

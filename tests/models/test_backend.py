@@ -176,3 +176,33 @@ def test_from_pretrained_round_trip(policy: HFPolicy, tmp_path) -> None:
     a = policy.generate(prefix, params, torch.Generator().manual_seed(0))[0]
     b = loaded.generate(prefix, params, torch.Generator().manual_seed(0))[0]
     assert a.token_ids == b.token_ids
+
+
+def test_same_device_treats_a_bare_cuda_as_any_index() -> None:
+    from tracerl.models.backend import same_device
+
+    assert same_device("cpu", torch.device("cpu")) and same_device("cuda", "cuda:1")
+    assert same_device("cuda:0", "cuda:0") and not same_device("cuda:0", "cuda:1") and not same_device("cpu", "cuda")
+
+
+def test_generator_on_the_model_device_is_used_as_is(policy: HFPolicy) -> None:
+    gen = torch.Generator().manual_seed(5)
+    assert policy.device_generator(gen) is gen and policy.device_generator(None) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cpu_generator_seeds_a_device_generator_once_per_call(policy: HFPolicy) -> None:
+    cuda = HFPolicy(policy.model.to("cuda"), policy.tokenizer)
+    try:
+        params = SamplingParams(max_new_tokens=5)
+        a = cuda.generate([[5, 6, 7]], params, torch.Generator().manual_seed(0))
+        b = cuda.generate([[5, 6, 7]], params, torch.Generator().manual_seed(0))
+        assert a[0].token_ids == b[0].token_ids
+        cpu_gen = torch.Generator().manual_seed(0)
+        state = cpu_gen.get_state()
+        cuda.generate([[5, 6, 7]], params, cpu_gen)
+        assert not torch.equal(cpu_gen.get_state(), state)  # one draw advanced it
+        with pytest.raises(ValueError, match="create it on the model's device"):
+            sample_next(torch.zeros(1, 4, device="cuda"), 1.0, 1.0, torch.Generator().manual_seed(0))
+    finally:
+        policy.model.to("cpu")

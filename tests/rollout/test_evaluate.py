@@ -121,3 +121,40 @@ def test_cli_eval_runs_a_random_model(world, tok, tmp_path) -> None:
     assert all(turn["assistant_tokens"] >= 1 for line in lines for turn in line["turns"])
     bad = CliRunner().invoke(app, args[:-4] + ["--samples", "0"])
     assert bad.exit_code == 1 and "samples" in bad.output
+
+
+def test_evaluation_and_training_cut_an_observation_identically(tok, tmp_path, monkeypatch) -> None:
+    """One definition of limits: ``run_eval`` and training's environment (train/data.py) build the
+    same search environment from the same ``EngineConfig``, so a long document reaches the policy
+    as the same observation (before, evaluation cut documents at 100 words and observations at 300
+    words while training cut both at 256)."""
+    from tracerl.envs.data import Document, load_tasks, write_corpus, write_tasks
+    from tracerl.core.types import Task
+    from tracerl.models import backend
+    from tracerl.rollout import evaluate as evaluation
+    from tracerl.train.config import DataConfig
+    from tracerl.train.data import load_task_data
+
+    words = " ".join(f"Lumen{i % 7} river" for i in range(200))  # 400 words
+    write_corpus([Document("d1", "Blue River", words)], tmp_path / "corpus.jsonl")
+    write_tasks([Task(f"t{i}", f"Where is river {i}?", ("Lumen",)) for i in range(3)], tmp_path / "tasks.jsonl")
+
+    def respond(prefix: str) -> str:
+        return "Action: answer[Lumen]" if "Observation:" in prefix else "Action: search[Blue River]\nObservation:"
+
+    config = EngineConfig(max_turns=3, max_observation_tokens=150)
+    records = tmp_path / "eval.jsonl"
+    monkeypatch.setattr(backend.HFPolicy, "from_pretrained", classmethod(lambda cls, *a, **k: ScriptedPolicy(tok, respond)))
+    evaluation.run_eval("unused", str(tmp_path / "tasks.jsonl"), str(tmp_path / "corpus.jsonl"), config=config,
+                        top_k=1, out=str(records))
+    evaluated = json.loads(records.read_text().splitlines()[0])["turns"][0]
+
+    data = load_task_data(DataConfig(source="files", tasks=str(tmp_path / "tasks.jsonl"),
+                                     corpus=str(tmp_path / "corpus.jsonl"), search_top_k=1), config, seed=0)
+    engine = RolloutEngine(ScriptedPolicy(tok, respond), data.environment, get_format("react"), exact_match, config)
+    trees, _ = engine.rollout(load_tasks(tmp_path / "tasks.jsonl")[:1], [1])
+    trained = next(iter(trees[0].trajectories.values())).turns[0]
+
+    assert evaluated["observation"] == trained.observation and evaluated["observation"].startswith("Blue River: Lumen0")
+    assert evaluated["observation_tokens"] == len(trained.observation_ids) <= 150
+    assert len(trained.observation_ids) > 140  # the token cut, not a word cut far below it, decided

@@ -6,8 +6,14 @@ section 2 step 1: ``l_k`` is scored on ``S_k + A``). Parsing never raises: anyth
 writes becomes an :class:`Action`, and malformed output becomes ``Action(kind="invalid")``
 whose error the environment turns into an observation listing the valid actions.
 
-``react`` is plain text for small word-level models; ``chat`` is the Qwen3-style chat template
-with ``<tool_call>`` JSON, ``<tool_response>`` turns and a final ``<answer>``.
+``react`` is plain text for small word-level models. ``chat`` writes ``<tool_call>`` JSON and a
+final ``<answer>``; its markup comes from the tokenizer's own chat template when it has one
+(:class:`~tracerl.agent.chat_template.ChatTemplateFormat`, token-exact per turn), else from the
+built-in Qwen3 markup (:class:`Qwen3MarkupFormat`, e.g. the embedded word-level tokenizer).
+
+Token level: the engine asks a format for ``prompt_ids`` and, after each sampled turn, for the
+forced ``observation_ids``; text formats encode their rendered text, template formats build ids
+turn by turn (never re-tokenising the whole history).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tracerl.core.types import Action, Task
@@ -29,6 +35,14 @@ class AgentFormat(ABC):
     name: str = ""
     stop_strings: tuple[str, ...] = ()
     answer_opener: str = ""
+
+    def prompt_ids(self, task: Task, tools: ToolSet, tokenizer: Any) -> list[int]:
+        """Token ids of S_0: BOS (when the tokenizer has one) then the rendered prompt."""
+        return encode_prompt(tokenizer, self.render_prompt(task, tools))
+
+    def observation_ids(self, obs: Observation, sampled_ids: Sequence[int], tokenizer: Any) -> list[int]:
+        """Forced ids after an assistant turn that sampled ``sampled_ids`` (text formats ignore them)."""
+        return list(tokenizer.encode(self.render_observation(obs), add_special_tokens=False))
 
     @abstractmethod
     def render_prompt(self, task: Task, tools: ToolSet) -> str:
@@ -56,14 +70,30 @@ class AgentFormat(ABC):
         return "".join(parts)
 
 
+def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    """Prompt token ids: the BOS token (when the tokenizer has one) then the text, no EOS.
+
+    Continuations (observations, answers) are encoded with ``add_special_tokens=False``;
+    pretraining builds its episodes the same way so the policy sees familiar prefixes.
+    """
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return ([int(bos)] if bos is not None else []) + list(ids)
+
+
 def _tool_action(name: str, arguments: dict[str, Any], tools: ToolSet) -> Action:
-    """A tool action, or invalid when the tool or its arguments are wrong."""
+    """A tool action, or invalid when the tool or its arguments are wrong.
+
+    An invalid action keeps only its scalar arguments: nested JSON can be deep enough to break
+    anything that walks it later (``dataclasses.asdict`` for the evaluation records).
+    """
     if name not in tools:
         return Action(kind="invalid", name=name, error=f"unknown action {name}")
     try:
         tools[name].check(arguments)
     except ToolCallError as exc:
-        return Action(kind="invalid", name=name, arguments=arguments, error=str(exc))
+        scalars = {k: v for k, v in arguments.items() if v is None or isinstance(v, (str, int, float, bool))}
+        return Action(kind="invalid", name=name, arguments=scalars, error=str(exc))
     return Action(kind="tool", name=name, arguments=arguments)
 
 
@@ -79,9 +109,11 @@ class ReactFormat(AgentFormat):
     answer_opener = "Action: answer["
     _ACTION = re.compile(r"Action:[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*\[")
 
-    def __init__(self, tool_list: bool = False) -> None:
+    def __init__(self, tool_list: bool = False, system: str = "", tokenizer: Any = None) -> None:
         self.tool_list = tool_list
         """Whether the prompt starts with a one-line list of the actions."""
+        self.system = system
+        """A first prompt line (none by default; ``tokenizer`` is accepted for a uniform factory)."""
 
     def _signatures(self, tools: ToolSet) -> list[str]:
         return [f"{n}[{t.parameters[0].name if t.parameters else ''}]" for n, t in tools.items()]
@@ -90,7 +122,8 @@ class ReactFormat(AgentFormat):
         head = ""
         if self.tool_list:
             head = "Actions: " + " ".join(self._signatures(tools) + ["answer[text]"]) + "\n"
-        return f"{head}Question: {task.question}\n"
+        system = f"{self.system}\n" if self.system else ""
+        return f"{system}{head}Question: {task.question}\n"
 
     def parse(self, text: str, tools: ToolSet) -> Action:
         match = self._ACTION.search(text)
@@ -134,19 +167,120 @@ class ReactFormat(AgentFormat):
         raise ValueError(f"cannot render an action of kind {action.kind!r}")
 
 
-class ChatFormat(AgentFormat):
-    """Qwen3-style chat template: ``<tool_call>`` JSON, ``<tool_response>`` user turns, ``<answer>``."""
+DEFAULT_SYSTEM = (
+    "Answer the question by searching the document collection with the tools. "
+    "When you know the answer, reply with the final answer inside <answer></answer>, "
+    "as short as possible."
+)
+TOOL_CALL_HELP = (
+    'To call a function, write a JSON object with its name and arguments inside <tool_call></tool_call>:\n'
+    '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+
+def tool_listing(tools: ToolSet) -> str:
+    """The tools as one JSON schema per line (the Qwen3 template's layout)."""
+    return "\n".join(json.dumps({"type": "function", "function": s}) for s in tools.schemas())
+
+
+def _load_json(text: str) -> tuple[bool, Any]:
+    """``(ok, value)``; any malformed input is ``(False, None)``, never an exception.
+
+    ValueError covers JSONDecodeError and integers past Python's digit limit (4,300 by
+    default); RecursionError deep nesting. A ``\\ud800``-style escape decodes to a lone
+    surrogate, which no tokenizer and no UTF-8 file accepts (the engine would fail rendering
+    the observation that echoes it): such characters become ``?``.
+    """
+    try:
+        value = json.loads(text)
+        if "\\u" in text:
+            value = json.loads(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace").decode("utf-8"))
+        return True, value
+    except (ValueError, RecursionError):
+        return False, None
+
+
+def _strip_think(text: str) -> str | None:
+    """The text after the last ``</think>``; None when a think block was opened and never closed."""
+    if "</think>" in text:
+        return text.rsplit("</think>", 1)[1]
+    return None if "<think>" in text else text
+
+
+def _call_payload(text: str, call: int) -> tuple[bool, Any]:
+    """The JSON object of a tool call: inside ``<tool_call>`` tags, or bare (Llama/Mistral style)."""
+    if call >= 0:
+        body = text[call + len("<tool_call>"):].split("</tool_call>", 1)[0]
+        return _load_json(body.split("<|im_end|>", 1)[0].strip())
+    ok, payload = _load_json(text[text.find("{"): text.rfind("}") + 1])
+    if not ok:  # a JSON list of calls, e.g. after Mistral's [TOOL_CALLS]
+        ok, payload = _load_json(text[text.find("["): text.rfind("]") + 1])
+        payload = payload[0] if ok and isinstance(payload, list) and payload else payload
+    return ok, payload
+
+
+def parse_tagged(text: str, tools: ToolSet) -> Action:
+    """Parse ``<tool_call>{json}</tool_call>`` or ``<answer>...</answer>``; never raises.
+
+    A bare JSON object with ``name`` and ``arguments`` (or Llama's ``parameters``) also counts as
+    a tool call, so models whose templates teach another call syntax still get their calls run.
+    """
+    body = _strip_think(text)
+    if body is None:
+        return Action(kind="invalid", error="the think block was never closed")
+    call, ans = body.find("<tool_call>"), body.find("<answer>")
+    if ans >= 0 and (call < 0 or ans < call):
+        answer = body[ans + len("<answer>"):].split("</answer>", 1)[0].split("<|im_end|>", 1)[0].strip()
+        return Action(kind="answer", answer=answer) if answer else Action(kind="invalid", error="empty answer")
+    if call < 0 and "{" not in body:
+        return Action(kind="invalid", error="no <tool_call> or <answer> found")
+    ok, payload = _call_payload(body, call)
+    if call < 0 and not (ok and isinstance(payload, dict) and "name" in payload):
+        return Action(kind="invalid", error="no <tool_call> or <answer> found")
+    if not ok:
+        return Action(kind="invalid", error="the tool call is not valid JSON")
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        return Action(kind="invalid", error='the tool call needs a "name" string')
+    arguments = payload.get("arguments", payload.get("parameters", {}))
+    if isinstance(arguments, str):  # some models double-encode the arguments
+        decoded, value = _load_json(arguments)
+        arguments = value if decoded else arguments
+    if not isinstance(arguments, dict):
+        return Action(kind="invalid", name=payload["name"], error='"arguments" must be a JSON object')
+    return _tool_action(payload["name"], arguments, tools)
+
+
+def render_tagged_action(action: Action, thought: str = "", thinking: bool = True) -> str:
+    """``<think>`` (when thinking) then ``<answer>..</answer>`` or ``<tool_call>`` JSON."""
+    head = f"<think>\n{thought}\n</think>\n\n" if thought and thinking else ""
+    if action.kind == "answer":
+        return f"{head}<answer>{action.answer}</answer>"
+    if action.kind == "tool":
+        call = json.dumps({"name": action.name, "arguments": action.arguments}, ensure_ascii=False)
+        return f"{head}<tool_call>\n{call}\n</tool_call>"
+    raise ValueError(f"cannot render an action of kind {action.kind!r}")
+
+
+def error_text(obs: Observation) -> str:
+    """The body of an error observation in the tagged formats (names the valid tools)."""
+    names = ", ".join(n for n, _ in obs.valid_actions)
+    tail = f" Call one of the tools ({names}) or give the final answer in <answer></answer>." if names else ""
+    return f"Error: {_why(obs.text)}.{tail}"
+
+
+class Qwen3MarkupFormat(AgentFormat):
+    """The built-in Qwen3 markup (``chat`` when the tokenizer has no usable chat template).
+
+    ``<tool_call>`` JSON, ``<tool_response>`` user turns, ``<answer>``; written by hand so word-level
+    tokenizers without a template (the embedded tiny model) can run the chat format.
+    """
 
     name = "chat"
     stop_strings = ("</tool_call>", "</answer>", "<|im_end|>")
     answer_opener = "<answer>"
 
-    def __init__(self, system: str = "", thinking: bool = True) -> None:
-        self.system = system or (
-            "Answer the question by searching the document collection with the tools. "
-            "When you know the answer, reply with the final answer inside <answer></answer>, "
-            "as short as possible."
-        )
+    def __init__(self, system: str = "", thinking: bool = True, tokenizer: Any = None) -> None:
+        self.system = system or DEFAULT_SYSTEM
         self.thinking = thinking
         """False opens every assistant turn with an empty think block (Qwen3 no-think mode)."""
 
@@ -154,70 +288,46 @@ class ChatFormat(AgentFormat):
         return "<|im_start|>assistant\n" + ("" if self.thinking else "<think>\n\n</think>\n\n")
 
     def render_prompt(self, task: Task, tools: ToolSet) -> str:
-        listing = "\n".join(json.dumps({"type": "function", "function": s}) for s in tools.schemas())
         system = (
             f"{self.system}\n\n# Tools\n\nYou can call these functions; their signatures are inside "
-            f"<tools></tools>:\n<tools>\n{listing}\n</tools>\n\nTo call a function, write a JSON object "
-            'with its name and arguments inside <tool_call></tool_call>:\n<tool_call>\n'
-            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+            f"<tools></tools>:\n<tools>\n{tool_listing(tools)}\n</tools>\n\n{TOOL_CALL_HELP}"
         )
         return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{task.question}<|im_end|>\n"
                 + self._assistant_open())
 
     def parse(self, text: str, tools: ToolSet) -> Action:
-        if "</think>" in text:
-            text = text.rsplit("</think>", 1)[1]
-        elif "<think>" in text:
-            return Action(kind="invalid", error="the think block was never closed")
-        call, ans = text.find("<tool_call>"), text.find("<answer>")
-        if call < 0 and ans < 0:
-            return Action(kind="invalid", error="no <tool_call> or <answer> found")
-        if ans >= 0 and (call < 0 or ans < call):
-            body = text[ans + len("<answer>"):].split("</answer>", 1)[0].split("<|im_end|>", 1)[0].strip()
-            return Action(kind="answer", answer=body) if body else Action(kind="invalid", error="empty answer")
-        body = text[call + len("<tool_call>"):].split("</tool_call>", 1)[0].split("<|im_end|>", 1)[0]
-        try:
-            payload = json.loads(body.strip())
-        except (json.JSONDecodeError, RecursionError):
-            return Action(kind="invalid", error="the tool call is not valid JSON")
-        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-            return Action(kind="invalid", error='the tool call needs a "name" string')
-        arguments = payload.get("arguments", {})
-        if isinstance(arguments, str):  # some models double-encode the arguments
-            try:
-                arguments = json.loads(arguments)
-            except (json.JSONDecodeError, RecursionError):
-                pass
-        if not isinstance(arguments, dict):
-            return Action(kind="invalid", name=payload["name"], error='"arguments" must be a JSON object')
-        return _tool_action(payload["name"], arguments, tools)
+        return parse_tagged(text, tools)
 
     def render_observation(self, obs: Observation) -> str:
         if obs.done and not obs.text and not obs.error:
             return ""
-        body = obs.text
-        if obs.error:
-            names = ", ".join(n for n, _ in obs.valid_actions)
-            tail = f" Call one of the tools ({names}) or give the final answer in <answer></answer>." if names else ""
-            body = f"Error: {_why(obs.text)}.{tail}"
+        body = error_text(obs) if obs.error else obs.text
         return (f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{body}\n</tool_response><|im_end|>\n"
                 + self._assistant_open())
 
     def render_action(self, action: Action, thought: str = "") -> str:
-        head = f"<think>\n{thought}\n</think>\n\n" if thought and self.thinking else ""
-        if action.kind == "answer":
-            return f"{head}<answer>{action.answer}</answer>"
-        if action.kind == "tool":
-            call = json.dumps({"name": action.name, "arguments": action.arguments}, ensure_ascii=False)
-            return f"{head}<tool_call>\n{call}\n</tool_call>"
-        raise ValueError(f"cannot render an action of kind {action.kind!r}")
+        return render_tagged_action(action, thought, self.thinking)
 
 
-FORMATS: dict[str, type[AgentFormat]] = {"react": ReactFormat, "chat": ChatFormat}
+ChatFormat = Qwen3MarkupFormat
+"""Former name of the built-in markup format."""
+
+
+def chat_format(tokenizer: Any = None, system: str = "", thinking: bool = True) -> AgentFormat:
+    """``chat``: the tokenizer's chat template when it has a usable one, else the built-in Qwen3 markup."""
+    from tracerl.agent.chat_template import ChatTemplateFormat, has_usable_template
+
+    if tokenizer is not None and has_usable_template(tokenizer):
+        return ChatTemplateFormat(tokenizer, system=system, thinking=thinking)
+    return Qwen3MarkupFormat(system=system, thinking=thinking)
+
+
+FORMATS: dict[str, Callable[..., AgentFormat]] = {"react": ReactFormat, "chat": chat_format}
 
 
 def get_format(name: str, **kwargs: Any) -> AgentFormat:
-    """A format by name; unknown names fail listing the valid ones."""
+    """A format by name (``tokenizer=``, ``system=`` and format options as keywords); unknown
+    names fail listing the valid ones."""
     if name not in FORMATS:
         raise ValueError(f"unknown agent format {name!r}; valid: {', '.join(sorted(FORMATS))}")
     return FORMATS[name](**kwargs)

@@ -22,14 +22,28 @@ from tracerl.envs.health import ToolStats
 from tracerl.envs.tools import ToolCallError, ToolFailure, ToolSet, call_with_timeout, truncate_words
 
 
+DEFAULT_MAX_TURNS = 8
+"""Assistant turns per episode (the default of every engine and environment)."""
+DEFAULT_MAX_OBSERVATION_TOKENS = 256
+"""Forced tokens of the policy's tokenizer after one assistant turn (the default everywhere)."""
+
+
 @dataclass(frozen=True)
 class EnvConfig:
-    """Episode limits."""
+    """Episode limits as the environment applies them.
 
-    max_turns: int = 8
+    The limits are defined once, by the rollout engine's config (``EngineConfig``), and an
+    environment gets them through :func:`env_config`; the defaults here are
+    the same constants. The unit of ``max_observation_tokens`` is tokens of the policy's
+    tokenizer, which only the engine knows: it cuts the rendered observation to that many
+    tokens. The environment pre-cuts a tool result to that many whitespace words, which never
+    removes text the token cut keeps (every word is at least one token) and bounds the work.
+    """
+
+    max_turns: int = DEFAULT_MAX_TURNS
     """Turns (tool calls, invalid outputs and the answer) before the episode is cut off."""
-    max_observation_tokens: int = 300
-    """Whitespace words kept from one tool result."""
+    max_observation_tokens: int = DEFAULT_MAX_OBSERVATION_TOKENS
+    """Observation limit in policy tokens (applied here as a word pre-cut; see above)."""
     tool_timeout_s: float | None = None
     """Seconds a tool may run before the call is an infrastructure failure (None: no limit)."""
 
@@ -40,6 +54,19 @@ class EnvConfig:
             raise ValueError(f"EnvConfig.max_observation_tokens must be >= 1, got {self.max_observation_tokens}")
         if self.tool_timeout_s is not None and self.tool_timeout_s <= 0:
             raise ValueError(f"EnvConfig.tool_timeout_s must be > 0 or None, got {self.tool_timeout_s}")
+
+
+class EpisodeLimits(Protocol):
+    """Anything holding the two episode limits (``EngineConfig``, the one place they are set)."""
+
+    max_turns: int
+    max_observation_tokens: int
+
+
+def env_config(limits: EpisodeLimits, tool_timeout_s: float | None = None) -> EnvConfig:
+    """The environment config of ``limits`` (the one place an environment's limits are derived)."""
+    return EnvConfig(max_turns=limits.max_turns, max_observation_tokens=limits.max_observation_tokens,
+                     tool_timeout_s=tool_timeout_s)
 
 
 @dataclass(frozen=True)

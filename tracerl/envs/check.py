@@ -16,7 +16,7 @@ from tracerl.agent.formats import ReactFormat
 from tracerl.core.types import Action, Task
 from tracerl.envs.base import EnvConfig, Observation, ToolEnvironment, ToolEpisode
 from tracerl.envs.data import load_corpus, load_tasks
-from tracerl.envs.search import SearchIndex, search_tools
+from tracerl.envs.search import SearchIndex, search_environment
 from tracerl.envs.verifiers import exact_match, normalize_answer
 
 POLICIES = ("oracle", "random")
@@ -74,8 +74,8 @@ def run_env_check(tasks_path: str | Path, corpus_path: str | Path, policy: str =
     tasks = load_tasks(tasks_path)[:limit]
     documents = load_corpus(corpus_path)
     index = SearchIndex(documents, cache_dir=cache_dir)
-    tools = search_tools(index, top_k=top_k)
-    env = ToolEnvironment(tools, EnvConfig(max_turns=max_turns, tool_timeout_s=tool_timeout_s))
+    env = search_environment(index, top_k, EnvConfig(max_turns=max_turns), tool_timeout_s)  # training's factory and limits
+    tools = env.tools
     fmt, rng = ReactFormat(), random.Random(seed)
     titles = [d.title for d in documents]
     known = set(titles)

@@ -20,6 +20,7 @@ import bm25s
 import numpy as np
 from bm25s.stopwords import STOPWORDS_EN
 
+from tracerl.envs.base import EpisodeLimits, ToolEnvironment, env_config
 from tracerl.envs.data import Document
 from tracerl.envs.tools import ToolSet, truncate_words
 
@@ -145,3 +146,15 @@ def search_tools(index: SearchIndex, top_k: int = 3, max_tokens: int = 100) -> T
         return render_document(doc, max_tokens) if doc else f"No document titled {title}."
 
     return ToolSet([search, open])
+
+
+def search_environment(documents: list[Document] | SearchIndex, top_k: int, limits: EpisodeLimits,
+                       tool_timeout_s: float | None = None) -> ToolEnvironment:
+    """``search``/``open`` over ``documents`` under ``limits`` (an ``EngineConfig``).
+
+    Training (``train/data.py``), evaluation (``run_eval``) and ``env-check`` build their
+    environments here, so a document and an observation are cut the same way in all of them.
+    """
+    index = documents if isinstance(documents, SearchIndex) else SearchIndex(documents)
+    tools = search_tools(index, top_k=top_k, max_tokens=limits.max_observation_tokens)
+    return ToolEnvironment(tools, env_config(limits, tool_timeout_s))

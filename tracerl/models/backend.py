@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
+from tracerl.agent.formats import encode_prompt  # noqa: F401 - re-exported (its home moved to the formats)
 from tracerl.models.prefix_cache import (
     KVEntry,
     PrefixKVStore,
@@ -84,15 +85,10 @@ class PolicyBackend(Protocol):
     ) -> list[Generation]: ...
 
 
-def encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    """Prompt token ids: the BOS token (when the tokenizer has one) then the text, no EOS.
-
-    Continuations (observations, answers) are encoded with ``add_special_tokens=False``;
-    pretraining builds its episodes the same way so the policy sees familiar prefixes.
-    """
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    bos = getattr(tokenizer, "bos_token_id", None)
-    return ([int(bos)] if bos is not None else []) + list(ids)
+def same_device(a: torch.device | str, b: torch.device | str) -> bool:
+    """Whether two devices are the same (``cuda`` without an index matches any ``cuda:N``)."""
+    a, b = torch.device(a), torch.device(b)
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
 def sample_next(
@@ -104,7 +100,13 @@ def sample_next(
     """Draw one token per row and return ``(tokens [B], logprobs [B])``.
 
     ``logits`` is ``[B, V]`` float. The log-prob is of the full tempered distribution.
+    ``generator`` must live on ``logits``' device (:meth:`HFPolicy.generate` makes sure): drawing
+    on another device would copy the probabilities there and back for every token.
     """
+    if generator is not None and not same_device(generator.device, logits.device):
+        raise ValueError(
+            f"the generator is on {generator.device} but the logits on {logits.device}; "
+            "create it on the model's device (torch.Generator(device=...))")
     logits = logits.float()
     if temperature == 0.0:
         logp = torch.log_softmax(logits, dim=-1)
@@ -118,11 +120,7 @@ def sample_next(
         keep_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) < top_p
         keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
         probs = probs * keep
-    if generator is not None and generator.device != probs.device:
-        tokens = torch.multinomial(probs.to(generator.device), 1, generator=generator).squeeze(-1)
-        tokens = tokens.to(probs.device)
-    else:
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -203,6 +201,18 @@ class HFPolicy:
             self.clear_prefix_cache()
             self._weights_version = version
 
+    def device_generator(self, generator: torch.Generator | None) -> torch.Generator | None:
+        """A generator on the model's device: ``generator`` itself when it lives there, else a new
+        one seeded by one draw from it (once per ``generate`` call, never a copy per token).
+
+        The draw advances ``generator``, so a run seeded (and checkpointed) through a CPU generator
+        stays reproducible; passing ``torch.Generator(device=model_device)`` skips the draw.
+        """
+        if generator is None or same_device(generator.device, self.device):
+            return generator
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
+        return torch.Generator(device=self.device).manual_seed(seed)
+
     @torch.no_grad()
     def generate(
         self,
@@ -216,6 +226,7 @@ class HFPolicy:
         if any(len(p) == 0 for p in prefixes):
             raise ValueError("every prefix must hold at least one token")
         self._check_weights()
+        generator = self.device_generator(generator)
         unique: dict[tuple[int, ...], int] = {}
         row_to_unique = [unique.setdefault(tuple(p), len(unique)) for p in prefixes]
         seqs = [list(p) for p in unique]
@@ -256,9 +267,8 @@ class HFPolicy:
                 buckets.append([i])
         parts = [self._prefill_bucket([seqs[i] for i in b], [hits[i] for i in b]) for b in buckets]
         flat = [i for b in buckets for i in b]
-        inverse = torch.empty(len(flat), dtype=torch.long)
-        inverse[torch.tensor(flat)] = torch.arange(len(flat))
-        inverse = inverse.to(parts[0][0].device)
+        position = {row: slot for slot, row in enumerate(flat)}
+        inverse = torch.tensor([position[row] for row in range(len(flat))], device=parts[0][0].device)
         if len(parts) == 1:
             logits, cache, mask = parts[0]
             if flat != sorted(flat):
@@ -293,21 +303,21 @@ class HFPolicy:
                         keys[r, :, cached - k :] = entry.layers[layer][0][:, :k]  # type: ignore[union-attr]
                         values[r, :, cached - k :] = entry.layers[layer][1][:, :k]  # type: ignore[union-attr]
                 cache.update(keys, values, layer)
-        ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((rows, cached + width), dtype=torch.long)
-        positions = torch.zeros((rows, width), dtype=torch.long)
-        for r, (seq, (_, k)) in enumerate(zip(seqs, hits)):
+        # Built as Python lists and sent to the model's device in one copy each.
+        ids, mask, positions = [], [], []
+        for seq, (_, k) in zip(seqs, hits):
             suffix = len(seq) - k
-            ids[r, width - suffix :] = torch.tensor(seq[k:], dtype=torch.long)
-            mask[r, cached - k : cached] = 1
-            mask[r, cached + width - suffix :] = 1
+            ids.append([self.pad_token_id] * (width - suffix) + seq[k:])
+            mask.append([0] * (cached - k) + [1] * k + [0] * (width - suffix) + [1] * suffix)
             # Explicit positions: a padded row sees the same positions as an unpadded one.
-            positions[r, width - suffix :] = torch.arange(k, len(seq))
-        ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+            positions.append([0] * (width - suffix) + list(range(k, len(seq))))
+        ids_t = torch.tensor(ids, dtype=torch.long, device=device)
+        mask_t = torch.tensor(mask, dtype=torch.long, device=device)
+        positions_t = torch.tensor(positions, dtype=torch.long, device=device)
         out = forward_with_cache(
-            self.model, ids, cache, attention_mask=mask, position_ids=positions, logits_to_keep=1
+            self.model, ids_t, cache, attention_mask=mask_t, position_ids=positions_t, logits_to_keep=1
         )
-        return out.logits[:, -1, :], output_cache(out), mask
+        return out.logits[:, -1, :], output_cache(out), mask_t
 
     # --- decode ----------------------------------------------------------------------------
 
@@ -329,7 +339,9 @@ class HFPolicy:
         checker = _StopChecker(self.tokenizer, params.stop_strings)
         for step in range(params.max_new_tokens):
             next_tok, next_lp = sample_next(logits, params.temperature, params.top_p, generator)
-            next_list, lp_list = next_tok.tolist(), next_lp.tolist()
+            # One device-to-host copy per step (float32 holds token ids below 2**24 exactly).
+            both = torch.stack([next_tok.float(), next_lp.float()]).tolist()
+            next_list, lp_list = [int(t) for t in both[0]], both[1]
             keep: list[int] = []
             for slot, row in enumerate(live):
                 tokens[row].append(next_list[slot])

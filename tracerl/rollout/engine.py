@@ -29,16 +29,23 @@ from typing import Any
 import torch
 
 from tracerl.core.types import RolloutTree, Task, Trajectory, Turn
-from tracerl.models.backend import Generation, PolicyBackend, SamplingParams, encode_prompt
+from tracerl.envs.base import DEFAULT_MAX_OBSERVATION_TOKENS, DEFAULT_MAX_TURNS
+from tracerl.models.backend import Generation, PolicyBackend, SamplingParams
 
 Verifier = Callable[[str, Task], float]
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Limits and sampling of one rollout engine."""
+    """Limits and sampling of one rollout engine.
 
-    max_turns: int = 8
+    ``max_turns`` and ``max_observation_tokens`` are THE episode limits: training, evaluation and
+    benchmarks build their environments from them with :func:`~tracerl.envs.base.env_config` /
+    :func:`~tracerl.envs.search.search_environment`, so every path cuts episodes and
+    observations alike.
+    """
+
+    max_turns: int = DEFAULT_MAX_TURNS
     """Assistant turns per episode (tool calls, invalid outputs and the answer)."""
     max_turn_tokens: int = 128
     """Tokens one assistant turn may generate."""
@@ -48,8 +55,9 @@ class EngineConfig:
     """Sampling temperature (the trainer must use the same one for its log-probs)."""
     top_p: float = 1.0
     """Nucleus sampling mass."""
-    max_observation_tokens: int = 256
-    """Observation tokens kept per turn (the text is cut by words and marked with ' ...')."""
+    max_observation_tokens: int = DEFAULT_MAX_OBSERVATION_TOKENS
+    """Forced tokens (policy tokenizer) after one assistant turn, markup included; a longer
+    observation's text is cut at a word boundary and marked with ' ...'."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_turn_tokens", "max_total_tokens", "max_observation_tokens"):
@@ -153,6 +161,10 @@ class RolloutEngine:
         generated = self._run(lives, generator)
         return RolloutCost(rollouts=len(lives), generated_tokens=generated)
 
+    def prompt_ids(self, task: Task) -> list[int]:
+        """Token ids of ``task``'s prompt ``S_0`` as this engine's trees start with them."""
+        return self.fmt.prompt_ids(task, self.tools, self.tokenizer)
+
     def can_expand(self, tree: RolloutTree, node_id: int) -> bool:
         """Whether ``expand`` accepts this node (an open boundary of a tree this engine made)."""
         try:
@@ -169,8 +181,7 @@ class RolloutEngine:
     # --- tree bookkeeping --------------------------------------------------------------------
 
     def _new_tree(self, task: Task, tree_id: str) -> tuple[RolloutTree, _TreeState]:
-        prompt_text = self.fmt.render_prompt(task, self.tools)
-        prompt_ids = encode_prompt(self.tokenizer, prompt_text)
+        prompt_ids = self.prompt_ids(task)
         if len(prompt_ids) >= self.config.max_total_tokens:
             raise ValueError(
                 f"task {task.id!r}: prompt has {len(prompt_ids)} tokens, max_total_tokens is "
@@ -242,7 +253,7 @@ class RolloutEngine:
             self._finish(live, turn, reward, action.answer, obs.infra_failed)
             return False
         room = self.config.max_total_tokens - len(live.ids) - len(gen.token_ids)
-        obs_ids = self._observation_ids(obs, min(self.config.max_observation_tokens, room))
+        obs_ids = self._observation_ids(obs, gen.token_ids, min(self.config.max_observation_tokens, room))
         turn = Turn(
             list(gen.token_ids), obs_ids, gen.text, action,
             observation=obs.text, tool_error=obs.error, logprobs=list(gen.logprobs),
@@ -275,15 +286,16 @@ class RolloutEngine:
         )
         live.tree.add_leaf(leaf, trajectory)
 
-    def _observation_ids(self, obs: Any, limit: int) -> list[int]:
-        """Rendered observation tokens, cut by words to ``limit`` tokens when too long.
+    def _observation_ids(self, obs: Any, sampled: list[int], limit: int) -> list[int]:
+        """Forced tokens after a turn that sampled ``sampled``, cut by words to ``limit`` tokens.
 
         ``limit`` is ``max_observation_tokens`` or the room left under ``max_total_tokens``,
-        so a trajectory never exceeds ``max_total_tokens``.
+        so a trajectory never exceeds ``max_total_tokens``. The format decides the tokens (a
+        chat template may also force the end of the assistant turn the policy did not write).
         """
         if limit <= 0:
             return []
-        ids = self._encode(self.fmt.render_observation(obs))
+        ids = self.fmt.observation_ids(obs, sampled, self.tokenizer)
         if len(ids) <= limit:
             return ids
         words = obs.text.split()
@@ -291,12 +303,9 @@ class RolloutEngine:
         while lo <= hi:  # the longest word prefix whose rendering fits
             mid = (lo + hi) // 2
             cut = dataclasses.replace(obs, text=" ".join(words[:mid] + ["..."]))
-            cand = self._encode(self.fmt.render_observation(cut))
+            cand = self.fmt.observation_ids(cut, sampled, self.tokenizer)
             if len(cand) <= limit:
                 best, lo = cand, mid + 1
             else:
                 hi = mid - 1
         return best if best is not None else ids[:limit]
-
-    def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))

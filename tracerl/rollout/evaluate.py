@@ -142,22 +142,22 @@ def run_eval(
     seed: int = 0,
     device: str = "cpu",
     batch_tasks: int = 16,
+    system_prompt: str = "",
 ) -> dict[str, float]:
     """Load a model folder, tasks and corpus, evaluate, optionally write JSONL; returns the metrics."""
     from tracerl.agent.formats import get_format
-    from tracerl.envs.base import EnvConfig, ToolEnvironment
     from tracerl.envs.data import load_corpus, load_tasks
-    from tracerl.envs.search import SearchIndex, search_tools
+    from tracerl.envs.search import search_environment
     from tracerl.models.backend import HFPolicy
 
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     config = config or EngineConfig()
     tasks = load_tasks(tasks_path)[:limit]
-    index = SearchIndex(load_corpus(corpus_path))
-    env = ToolEnvironment(search_tools(index, top_k=top_k), EnvConfig(max_turns=config.max_turns))
+    env = search_environment(load_corpus(corpus_path), top_k, config)  # the limits training uses
     policy = HFPolicy.from_pretrained(model, device=device)
-    engine = RolloutEngine(policy, env, get_format(format_name), exact_match, config)
+    fmt = get_format(format_name, tokenizer=policy.tokenizer, system=system_prompt)
+    engine = RolloutEngine(policy, env, fmt, exact_match, config)
     report = evaluate(engine, tasks, samples, batch_tasks, torch.Generator(device=device).manual_seed(seed))
     if out is not None:
         report.write_jsonl(out)

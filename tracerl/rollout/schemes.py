@@ -30,7 +30,6 @@ import torch
 
 from tracerl.core.allocation import allocate_prefixes, allocate_roots, root_value
 from tracerl.core.types import RolloutTree, Task, Trajectory
-from tracerl.models.backend import encode_prompt
 from tracerl.rollout.engine import RolloutCost
 
 if TYPE_CHECKING:
@@ -456,7 +455,7 @@ class TraceScheme:
     def _root_values(self, engine: RolloutEngine, cands: Sequence[Task]) -> list[float]:
         if self.predictor is None:
             return [0.5] * len(cands)
-        prompts = [encode_prompt(engine.tokenizer, engine.fmt.render_prompt(t, engine.tools)) for t in cands]
+        prompts = [engine.prompt_ids(t) for t in cands]
         return self.predictor.predict_roots([t.id for t in cands], prompts)
 
     def _node_values(self, trees: Sequence[RolloutTree], node_ids: Sequence[int]) -> list[float]:

@@ -131,7 +131,10 @@ class ModelConfig:
     tiny_preset: str = "default"
     """Which embedded tiny-model preset ``tiny`` refers to."""
     format: str = "react"
-    """Agent format: ``react`` (plain text, small models) or ``chat`` (tool-call chat template)."""
+    """Agent format: ``react`` (plain text, small models) or ``chat`` (the tokenizer's chat template
+    with tool calls; the built-in Qwen3 markup for tokenizers without one)."""
+    system_prompt: str = ""
+    """System text of the prompt (``chat``: its default asks for tool calls and an <answer>)."""
     dtype: str = "float32"
     """Working precision of the forwards (generation, scoring, update): ``float32``, ``bfloat16``
     (autocast; CPU or CUDA) or ``float16`` (autocast with loss scaling; CUDA only). Weights and

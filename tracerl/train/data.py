@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tracerl.core.types import Task
-from tracerl.envs.base import EnvConfig, ToolEnvironment
+from tracerl.envs.base import ToolEnvironment
 from tracerl.envs.data import Document, load_corpus, load_tasks
 from tracerl.envs.health import ToolStats
-from tracerl.envs.search import SearchIndex, search_tools
+from tracerl.envs.search import search_environment
 from tracerl.envs.synthwiki import build_world
 from tracerl.rollout.engine import EngineConfig
 from tracerl.errors import UserError
@@ -75,10 +75,7 @@ class TaskData:
 
 
 def _world_env(documents: list[Document], data: DataConfig, engine: EngineConfig) -> ToolEnvironment:
-    index = SearchIndex(documents)
-    tools = search_tools(index, top_k=data.search_top_k, max_tokens=engine.max_observation_tokens)
-    return ToolEnvironment(tools, EnvConfig(max_turns=engine.max_turns, max_observation_tokens=engine.max_observation_tokens,
-                                            tool_timeout_s=data.tool_timeout_s))
+    return search_environment(documents, data.search_top_k, engine, data.tool_timeout_s)  # the factory evaluation uses too
 
 
 def _some(ids: list[str], shown: int = 5) -> str:

@@ -72,7 +72,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         _seed_everything(config.seed)
         cfg = config
-        self.fmt = get_format(cfg.model.format)
+        self.fmt = get_format(cfg.model.format, system=cfg.model.system_prompt)  # text only: random-tiny's vocabulary
         self.data = load_task_data(cfg.data, cfg.rollout.engine, cfg.seed)
         self.tasks = {t.id: t for t in self.data.train + self.data.held_out + self.data.redrawn}
         initial = self.run_dir / INITIAL
@@ -88,6 +88,7 @@ class Trainer:
                 dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
             self.model.save_pretrained(initial)
             self.tokenizer.save_pretrained(initial)
+        self.fmt = get_format(cfg.model.format, tokenizer=self.tokenizer, system=cfg.model.system_prompt)
         self.model = _prepare_policy(self.model, cfg)
         needs_reference = cfg.algo.credit or cfg.optim.kl_coef > 0
         # The frozen reference needs no float32 master copy: keep it in the working precision.
