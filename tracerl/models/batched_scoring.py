@@ -17,12 +17,18 @@ requests (token ids, cuts, opener, answer) from many trajectories and trees and
    that every logit comes from this forward). A 4D additive mask [R, 1, Q, P + Q] lets each block
    see its own row's cache up to ``v`` and itself causally;
 4. **projects only what it needs**: hidden states at the ``|y*|`` answer-predicting positions of
-   each block go through the LM head in chunks (float32 log-softmax), and the means move to the
-   CPU once per batch.
+   each block go through the LM head in chunks (float32 log-softmax), and the means
+   move to the CPU once per batch. Every tensor is built on the model's device.
 
-Memory: a batch holds at most ``max_batch_tokens`` padded tokens (rows x (longest row + longest
-packed block run)); a single row longer than that forms a batch of its own. Logits exist only for
-answer positions, at most ``_LOGIT_ELEMENTS`` float32 values at a time.
+Shapes: R rows per batch, P = longest row, Q = longest packed run of blocks (sum of
+``|lead| + |y*| - 1`` over a row's unique cuts); prefill [R, P], block forward [R, Q].
+
+Memory: a batch holds at most ``max_batch_tokens`` padded tokens (R x (P + Q)); a single row
+longer than that forms a batch of its own. The mask is R x Q x (P + Q) elements; logits exist only
+for answer positions, at most ``_LOGIT_ELEMENTS`` float32 values at a time.
+
+Across calls, :func:`tracerl.models.scoring.score_readiness` stores each scored boundary on its
+tree node, so later calls (the next stage-2 round, the trainer after the scheme) reuse it.
 
 Fallback: attention implementations that ignore custom 4D masks (flash-attention, flex) get the
 per-request :func:`~tracerl.models.scoring.score_prefixes` ("crop", one call per request; same
@@ -44,7 +50,7 @@ from tracerl.models.prefix_cache import forward_with_cache, new_cache, output_ca
 DEFAULT_MAX_BATCH_TOKENS = 16384
 """Padded tokens (prefill + packed blocks) per batched forward pair."""
 _MASKABLE = ("sdpa", "eager")
-_LOGIT_ELEMENTS = 1 << 25  # float32 logits materialised at once in the chunked head (128 MiB)
+_LOGIT_ELEMENTS = 1 << 25  # float32 logits materialised at once by the chunked head (128 MiB)
 _SCALED_HEAD = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
@@ -236,6 +242,7 @@ def _target_logprobs(split: tuple[Any, Any] | None, rows: torch.Tensor, targets:
     for i in range(0, rows.shape[0], step):
         chunk = rows[i : i + step]
         logits = split[1](chunk) if split is not None else chunk
+        # a fused log-softmax (measured faster on CPU than logit[y] - logsumexp)
         logp = torch.log_softmax(logits.float(), dim=-1)
         out.append(logp.gather(-1, targets[i : i + step, None]).squeeze(-1))
     return torch.cat(out)
