@@ -94,7 +94,8 @@ def test_shared_prefixes_are_scored_once(sharp_model) -> None:
     cuts = [(4, 8, 11), (4, 8, 10), (4, 8), (4,)]
     requests = [ScoreRequest(tuple(ids), c, (5, 6), (MARK,)) for ids, c in zip(leaves, cuts)]
     seen: list[int] = []
-    hook = sharp_model.get_input_embeddings().register_forward_pre_hook(lambda _, args: seen.extend(args[0].flatten().tolist()))
+    embed = sharp_model.get_input_embeddings()
+    hook = embed.register_forward_pre_hook(lambda _, args: seen.extend(args[0].flatten().tolist()))
     try:
         stats = ScoreStats()
         got = score_prefixes_batched(sharp_model, requests, stats=stats)
@@ -121,7 +122,8 @@ def test_prefix_sequences_fold_into_longer_rows(sharp_model) -> None:
 
 
 def test_full_logit_head_and_fallback_give_the_same_values(sharp_model, monkeypatch) -> None:
-    requests = [ScoreRequest(tuple(range(30)), (3, 17, 30), (4, 5), ()), ScoreRequest(tuple(range(5, 25)), (20,), (8,), (9,))]
+    requests = [ScoreRequest(tuple(range(30)), (3, 17, 30), (4, 5), ()),
+                ScoreRequest(tuple(range(5, 25)), (20,), (8,), (9,))]
     base = score_prefixes_batched(sharp_model, requests)
     monkeypatch.setattr(sharp_model.config, "logit_scale", 2.0, raising=False)  # no split head: full logits
     assert batched_scoring._split_head(sharp_model) is None

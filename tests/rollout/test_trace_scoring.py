@@ -40,8 +40,8 @@ def test_trace_scores_through_the_batched_callable(setup) -> None:
                     traj.readiness = [-1.0] * (traj.num_transitions + 1)
 
     cfg = SchemeConfig(group_size=4, trace_rounds=2)
-    result = get_scheme("trace", cfg, predictor=SuccessPredictor(), score=score).collect(engine, w.train, BUDGET,
-                                                                                         torch.Generator().manual_seed(4))
+    scheme = get_scheme("trace", cfg, predictor=SuccessPredictor(), score=score)
+    result = scheme.collect(engine, w.train, BUDGET, torch.Generator().manual_seed(4))
     assert len(calls) == 1 + cfg.trace_rounds
     assert calls[0] == result.info["stage1_rollouts"]
     assert calls == sorted(calls)  # later calls see the same trees, grown
