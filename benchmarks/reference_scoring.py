@@ -11,7 +11,10 @@ Batched case (``batched_*`` keys of each case): N trajectories of the same lengt
 trees whose four leaves share a trunk up to the middle boundary, odd groups are independent
 chains, one gold answer per group. ``batched_ratio`` is ``score_prefixes_batched`` over all of
 them divided by one plain batched forward [N, L] (logits at every position, as ``forward``);
-``looped_ratio`` is the per-trajectory scorer called N times over the same forward.
+``batched_unpacked_ratio`` the same without trie rows (``max_row_tokens=1``: every leaf
+prefilled in full, causal); ``looped_ratio`` is the per-trajectory scorer called N times over the
+same forward; ``batched_prefill_tokens`` counts the distinct tokens the trie rows prefilled
+(against N x L).
 
     python benchmarks/reference_scoring.py [--quick] [--device cuda] [--out benchmarks/results/reference_scoring.json]
 """
@@ -154,6 +157,7 @@ def run_batched(model: Any, length: int, points: list[int], n: int, reps: int, d
             "forward": lambda: model(input_ids=ids, use_cache=False),
             "last": lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1),
             "batched": lambda: score_prefixes_batched(model, requests),
+            "unpacked": lambda: score_prefixes_batched(model, requests, max_row_tokens=1),
         },
         reps,
         device,
@@ -167,11 +171,13 @@ def run_batched(model: Any, length: int, points: list[int], n: int, reps: int, d
     return {
         "batched_ratio": round(t["batched"] / t["forward"], 3),
         "batched_ratio_vs_last_logit_forward": round(t["batched"] / t["last"], 3),
+        "batched_unpacked_ratio": round(t["unpacked"] / t["forward"], 3),
         "looped_ratio": round(looped / t["forward"], 3),
         "batched_trajectories": n,
         "batched_cuts": stats.cuts,
         "batched_unique_cuts": stats.unique_cuts,
         "batched_forwards": stats.forwards,
+        "batched_prefill_tokens": stats.prefill_tokens,
         "batched_forward_s": round(t["forward"], 5),
         "batched_s": round(t["batched"], 5),
     }

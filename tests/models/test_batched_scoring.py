@@ -70,10 +70,10 @@ def forest(draw):
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(requests=forest(), cap=st.sampled_from([8, 64, 16384]))
-def test_batched_matches_per_trajectory_scorer(exact_model, requests, cap: int) -> None:
+@given(requests=forest(), cap=st.sampled_from([8, 64, 16384]), row_cap=st.sampled_from([1, 24, 4096]))
+def test_batched_matches_per_trajectory_scorer(exact_model, requests, cap: int, row_cap: int) -> None:
     stats = ScoreStats()
-    got = score_prefixes_batched(exact_model, requests, max_batch_tokens=cap, stats=stats)
+    got = score_prefixes_batched(exact_model, requests, max_batch_tokens=cap, max_row_tokens=row_cap, stats=stats)
     for req, scores in zip(requests, got, strict=True):
         assert scores.shape == (len(req.cut_points),) and scores.device.type == "cpu"
         torch.testing.assert_close(scores.double(), _expected(exact_model, req), atol=1e-5, rtol=0)
@@ -81,8 +81,16 @@ def test_batched_matches_per_trajectory_scorer(exact_model, requests, cap: int) 
     assert stats.unique_cuts == len(keys) <= stats.cuts == sum(len(r.cut_points) for r in requests)
     assert stats.forwards >= 2 and stats.forwards % 2 == 0  # a prefill and a block forward per batch
     assert stats.forwards <= 2 * stats.rows
-    if cap == 16384:  # everything fits one batch
-        assert stats.forwards == 2
+    if cap == 16384:  # everything fits one batch per kind (single-sequence rows, trie rows)
+        assert stats.forwards in (2, 4)
+    seqs = {r.input_ids[: max(r.cut_points)] for r in requests}
+    maximal = [s for s in seqs if not any(t != s and t[: len(s)] == s for t in seqs)]
+    assert stats.block_tokens == sum(len(k[0] or (0,)) + len(k[1]) - 1 for k in keys)
+    if row_cap == 1:  # no packing: one row per maximal sequence
+        assert (stats.rows, stats.prefill_tokens) == (len(maximal), sum(map(len, maximal)))
+    if row_cap == 4096:  # sequences sharing a first token share a trie row holding each prefix once
+        trie = {s[:k] for s in maximal for k in range(1, len(s) + 1)}
+        assert (stats.rows, stats.prefill_tokens) == (len({s[0] for s in maximal}), len(trie))
 
 
 def test_shared_prefixes_are_scored_once(sharp_model) -> None:
@@ -104,9 +112,11 @@ def test_shared_prefixes_are_scored_once(sharp_model) -> None:
     # distinct prefixes: the prompt [:4], prompt + turn1 [:8], leaf 0 [:11], leaf 1 [:10], leaf 2 [:8]
     assert (stats.cuts, stats.unique_cuts) == (9, 5)
     assert seen.count(MARK) == 5
-    assert stats.rows == 3  # leaf 3 needs only the prompt, a prefix of the other rows: no row of its own
-    assert stats.prefill_tokens == 3 * 11  # one batch, right-padded to the longest row
-    assert len(seen) == stats.prefill_tokens + stats.block_tokens
+    # one trie row holds every token of the tree once: prompt 4 + turn1 4 + leaf suffixes 3 + 2 + 4
+    # (leaf 3 needs only the prompt, a prefix of the others: it adds nothing)
+    assert stats.rows == 1 and stats.prefill_tokens == 17
+    assert len(seen) == stats.padded_tokens == stats.prefill_tokens + stats.block_tokens  # one row: no padding
+    assert stats.block_tokens == 5 * 2  # MARK + the first answer token per distinct prefix
     assert got[0][0] == got[1][0] == got[2][0] == got[3][0]  # one value per distinct prefix
     assert got[0][1] == got[1][1]
 
