@@ -134,6 +134,7 @@ def test_prefix_sequences_fold_into_longer_rows(sharp_model) -> None:
 def test_full_logit_head_and_fallback_give_the_same_values(sharp_model, monkeypatch) -> None:
     requests = [ScoreRequest(tuple(range(30)), (3, 17, 30), (4, 5), ()),
                 ScoreRequest(tuple(range(5, 25)), (20,), (8,), (9,))]
+    assert batched_scoring._split_head(sharp_model) is not None  # decoder + chunked LM head by default
     base = score_prefixes_batched(sharp_model, requests)
     monkeypatch.setattr(sharp_model.config, "logit_scale", 2.0, raising=False)  # no split head: full logits
     assert batched_scoring._split_head(sharp_model) is None
@@ -211,3 +212,10 @@ def test_reference_score_fills_trees_like_readiness() -> None:
     assert trees[0].trajectories[leaf].readiness == trees[0].trajectories[2].readiness
     with pytest.raises(ValueError, match="t1"):
         scorer.score([_tree(tok, "c", tasks["t1"])], {"t2": tasks["t2"]})
+    # plain trajectories (no tree): same values, shared prefixes still scored once within the call
+    loose = _tree(tok, "d", tasks["t1"]).trajectories
+    plain = scorer.score(list(loose.values()), tasks)
+    assert (plain.trajectories, plain.cuts, plain.unique_cuts) == (3, 6, 3)
+    for leaf, traj in loose.items():
+        expected = trees[0].trajectories[leaf].readiness
+        assert traj.readiness == expected if expected is None else traj.readiness == pytest.approx(expected, abs=1e-5)
