@@ -219,3 +219,19 @@ def test_reference_score_fills_trees_like_readiness() -> None:
     for leaf, traj in loose.items():
         expected = trees[0].trajectories[leaf].readiness
         assert traj.readiness == expected if expected is None else traj.readiness == pytest.approx(expected, abs=1e-5)
+
+
+def test_eager_attention_takes_the_same_masks(exact_model) -> None:
+    """The trie and block masks are additive 4D masks: eager attention must read them as sdpa does."""
+    import copy
+
+    eager = copy.deepcopy(exact_model)
+    eager.config._attn_implementation = "eager"
+    trunk = tuple(range(1, 13))
+    requests = [ScoreRequest(trunk + (20, 21, 22), (4, 12, 15), (5, 6), (MARK,)),
+                ScoreRequest(trunk[:8] + (30, 31), (8, 10), (5,), ()),
+                ScoreRequest((40, 41, 42), (1, 3), (7, 8, 9), (MARK,))]
+    stats = ScoreStats()
+    for req, scores in zip(requests, score_prefixes_batched(eager, requests, stats=stats)):
+        torch.testing.assert_close(scores.double(), _expected(exact_model, req), atol=1e-5, rtol=0)
+    assert stats.rows == 2  # the two trunk sequences share a trie row; the third is alone
