@@ -151,15 +151,12 @@ def _scheme(name: str, args: argparse.Namespace, preds: dict[str, SuccessPredict
         return get_scheme(name, cfg)
     mins = {n: args.trace_min_per_prompt[i // 2] for i, n in enumerate(predicted_names(args))}
     cfg = SchemeConfig(group_size=args.group_size, trace_min_per_prompt=mins[name] or None)
-    readiness = scorer.readiness if name.startswith("trace_ready") else None
-    return get_scheme("trace", cfg, predictor=preds[name], readiness=readiness)
+    score = scorer.score if name.startswith("trace_ready") else None
+    return get_scheme("trace", cfg, predictor=preds[name], score=score)
 
 
 def _score_all(trees: list[RolloutTree], tasks: dict[str, Task], scorer: ReferenceScorer) -> None:
-    for tree in trees:
-        for traj in tree.trajectories.values():
-            if traj.readiness is None and not traj.infra_failed:
-                traj.readiness = scorer.readiness(traj, tasks[tree.task_id])
+    scorer.score(trees, tasks)
 
 
 def run_seed(seed: int, args: argparse.Namespace, engine: RolloutEngine, train: list[Task], test: list[Task]) -> dict:

@@ -6,7 +6,17 @@ cut) and ``score_prefixes_naive`` (one forward per cut), each divided by the tim
 forward over the full sequence. The floor is about ``1 + cuts * (opener + answer - 1) / L``
 (tokens processed over tokens of one forward).
 
-    python benchmarks/reference_scoring.py [--quick] [--out benchmarks/results/reference_scoring.json]
+Batched case (``batched_*`` keys of each case): N trajectories of the same length and cut count
+(N = 16 with --quick, else 64 at 512 tokens and 16 at 2048), in groups of four: even groups are
+trees whose four leaves share a trunk up to the middle boundary, odd groups are independent
+chains, one gold answer per group. ``batched_ratio`` is ``score_prefixes_batched`` over all of
+them divided by one plain batched forward [N, L] (logits at every position, as ``forward``);
+``batched_unpacked_ratio`` the same without trie rows (``max_row_tokens=1``: every leaf
+prefilled in full, causal); ``looped_ratio`` is the per-trajectory scorer called N times over the
+same forward; ``batched_prefill_tokens`` counts the distinct tokens the trie rows prefilled
+(against N x L).
+
+    python benchmarks/reference_scoring.py [--quick] [--device cuda] [--out benchmarks/results/reference_scoring.json]
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from typing import Any, Callable
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
+from tracerl.models.batched_scoring import ScoreRequest, ScoreStats, score_prefixes_batched
 from tracerl.models.scoring import score_prefixes, score_prefixes_naive
 
 OPENER, ANSWER = 4, 3  # "Action : answer [" and a three-token entity, as in the react format
@@ -117,6 +128,61 @@ def run_case(model: Any, length: int, cuts: int, reps: int, device: str) -> dict
     }
 
 
+def forest(vocab: int, length: int, points: list[int], n: int, seed: int) -> list[ScoreRequest]:
+    """``n`` trajectories in groups of four: trees (a trunk shared up to the middle boundary) and chains."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw(k: int) -> list[int]:
+        return torch.randint(0, vocab, (k,), generator=gen).tolist()
+
+    requests = []
+    for group in range(0, n, 4):
+        answer, opener = tuple(draw(ANSWER)), tuple(draw(OPENER))
+        trunk = draw(points[(len(points) - 1) // 2]) if (group // 4) % 2 == 0 else []
+        for _ in range(min(4, n - group)):
+            ids = trunk + draw(length - len(trunk))
+            requests.append(ScoreRequest(tuple(ids), tuple(points), answer, opener))
+    return requests
+
+
+@torch.no_grad()
+def run_batched(model: Any, length: int, points: list[int], n: int, reps: int, device: str) -> dict[str, float]:
+    """Batched scorer vs one plain batched forward over the same trajectories' tokens."""
+    requests = forest(model.config.vocab_size, length, points, n, seed=length + len(points))
+    ids = torch.tensor([list(r.input_ids) for r in requests], device=device)
+    stats = ScoreStats()
+    score_prefixes_batched(model, requests, stats=stats)
+    t = timed(
+        {
+            "forward": lambda: model(input_ids=ids, use_cache=False),
+            "last": lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1),
+            "batched": lambda: score_prefixes_batched(model, requests),
+            "unpacked": lambda: score_prefixes_batched(model, requests, max_row_tokens=1),
+        },
+        reps,
+        device,
+    )
+    tensors = [(ids[i], torch.tensor(r.answer_ids, device=device), torch.tensor(r.opener_ids, device=device))
+               for i, r in enumerate(requests)]
+    looped = timed(
+        {"looped": lambda: [score_prefixes(model, x, points, a, opener_ids=o) for x, a, o in tensors]},
+        1, device, warmup=False,
+    )["looped"]
+    return {
+        "batched_ratio": round(t["batched"] / t["forward"], 3),
+        "batched_ratio_vs_last_logit_forward": round(t["batched"] / t["last"], 3),
+        "batched_unpacked_ratio": round(t["unpacked"] / t["forward"], 3),
+        "looped_ratio": round(looped / t["forward"], 3),
+        "batched_trajectories": n,
+        "batched_cuts": stats.cuts,
+        "batched_unique_cuts": stats.unique_cuts,
+        "batched_forwards": stats.forwards,
+        "batched_prefill_tokens": stats.prefill_tokens,
+        "batched_forward_s": round(t["forward"], 5),
+        "batched_s": round(t["batched"], 5),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="Smaller model, 512 tokens only, fewer repeats.")
@@ -139,6 +205,9 @@ def main() -> None:
     for length in lengths:
         for cuts in (2, 8, 32):
             case = run_case(model, length, cuts, reps, args.device)
+            n = 16 if args.quick else (64 if length <= 512 else 16)
+            points = sorted({int(length * (i + 1) / cuts) for i in range(cuts)})
+            case.update(run_batched(model, length, points, n, reps, args.device))
             print(json.dumps(case))
             cases.append(case)
     result = {

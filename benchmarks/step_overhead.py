@@ -89,8 +89,8 @@ class Stopwatch:
 def instrument(trainer: Any, watch: Stopwatch) -> None:
     """Time the scorer and predictor calls made inside the rollout scheme (instance attributes only)."""
     scheme = trainer.scheme
-    if getattr(scheme, "readiness", None) is not None:
-        scheme.readiness = watch.wrap(scheme.readiness, "scheme_readiness")
+    if getattr(scheme, "score", None) is not None:
+        scheme.score = watch.wrap(scheme.score, "scheme_readiness")
     if trainer.predictor is not None:
         for name in ("predict_roots", "predict_nodes"):
             wrapped = watch.wrap(getattr(trainer.predictor, name), "scheme_predict")

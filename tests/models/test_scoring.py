@@ -25,6 +25,16 @@ def sharp_model():
     return model
 
 
+@pytest.fixture(scope="module")
+def exact_model(sharp_model):
+    """The sharp model in float64: in float32 its x6 weights turn summation-order noise into
+    ~1e-5 relative differences (1.6e-4 absolute at a score of -19 was seen), so the comparison
+    of algorithms runs in float64 and holds far below 1e-4."""
+    import copy
+
+    return copy.deepcopy(sharp_model).double()
+
+
 @st.composite
 def scoring_case(draw):
     length = draw(st.integers(1, 60))
@@ -37,12 +47,12 @@ def scoring_case(draw):
 
 @settings(max_examples=40, deadline=None)
 @given(case=scoring_case(), method=st.sampled_from(["packed", "crop"]))
-def test_cached_scorer_matches_naive(sharp_model, case, method: str) -> None:
+def test_cached_scorer_matches_naive(exact_model, case, method: str) -> None:
     ids, cuts, answer, opener = case
     args = (torch.tensor(ids), cuts, torch.tensor(answer))
     opener_ids = torch.tensor(opener, dtype=torch.long) if opener else None
-    expected = score_prefixes_naive(sharp_model, *args, opener_ids=opener_ids)
-    got = score_prefixes(sharp_model, *args, opener_ids=opener_ids, method=method)
+    expected = score_prefixes_naive(exact_model, *args, opener_ids=opener_ids)
+    got = score_prefixes(exact_model, *args, opener_ids=opener_ids, method=method)
     assert got.shape == (len(cuts),)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
 

@@ -166,6 +166,9 @@ class Node:
     """Number of leaves under this node (n_node in the visit-weighted backup)."""
     value_target: float | None = None
     """Visit-weighted backup Vhat (spec section 3): mean reward of the leaves below."""
+    readiness: float | None = None
+    """Reference readiness ``l`` of this prefix for the tree's gold answer, once scored (a boundary
+    node's score is shared by every leaf below it; see ``ReferenceScorer.score``)."""
 
     @property
     def is_leaf(self) -> bool:

@@ -6,16 +6,22 @@ its last cut plus one packed forward that holds ``opener + answer`` once per cut
 attending only to its own prefix (a block-diagonal 4D mask over the cached prefix), so the work
 is about ``max(cuts) + cuts * (|A| + |y*|)`` tokens instead of ``cuts * L``.
 :func:`score_prefixes_naive` (one full forward per cut) is the test oracle.
+
+Training scores many trajectories at once with :func:`score_readiness` (``ReferenceScorer.score``):
+readiness is a property of a tree node, so every distinct prefix is scored once, in a few batched
+forwards (:mod:`tracerl.models.batched_scoring`), and stored on the node for later calls.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ContextManager, Literal
 
 import torch
 
-from tracerl.core.types import Action, Task, Trajectory
+from tracerl.core.types import Action, RolloutTree, Task, Trajectory
+from tracerl.models.batched_scoring import DEFAULT_MAX_BATCH_TOKENS, ScoreRequest, ScoreStats, score_prefixes_batched
 from tracerl.models.lora import adapter_disabled, is_peft_model
 from tracerl.models.prefix_cache import forward_with_cache, new_cache, output_cache
 
@@ -204,6 +210,75 @@ def answer_token_ids(tokenizer: Any, fmt: Any, answer: str) -> tuple[list[int], 
     return ids[: answer_pos[0]], ids[answer_pos[0] : answer_pos[-1] + 1]
 
 
+Items = Iterable[Trajectory | RolloutTree]
+"""What :func:`score_readiness` accepts: trees (their leaves' trajectories) and/or trajectories."""
+
+
+def _boundary_nodes(traj: Trajectory, tree: RolloutTree | None) -> list[int] | None:
+    """Tree node ids of the boundaries ``S_0..S_T`` of ``traj``; None outside a tree."""
+    if tree is None or len(traj.node_path) != len(traj.turns) + 1:
+        return None
+    return [traj.node_path[0]] + [traj.node_path[i + 1] for i, t in enumerate(traj.turns) if t.is_transition]
+
+
+def _unscored(items: Items) -> list[tuple[Trajectory, RolloutTree | None]]:
+    """Trajectories without readiness that are not infra failures (each once), with their tree."""
+    seen: set[int] = set()
+    out: list[tuple[Trajectory, RolloutTree | None]] = []
+    for item in items:
+        pairs = [(t, item) for t in item.trajectories.values()] if isinstance(item, RolloutTree) else [(item, None)]
+        for traj, tree in pairs:
+            if id(traj) not in seen and traj.readiness is None and not traj.infra_failed:
+                seen.add(id(traj))
+                out.append((traj, tree))
+    return out
+
+
+@torch.no_grad()
+def score_readiness(
+    model: Any,
+    items: Items,
+    tasks: Mapping[str, Task],
+    answer_ids: Callable[[str], tuple[list[int], list[int]]],
+    *,
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+) -> ScoreStats:
+    """Write ``l_k`` at every boundary of every unscored trajectory in ``items`` (one batched call).
+
+    ``tasks`` maps task ids to tasks (the gold answer ``y*`` is ``task.gold``); ``answer_ids(gold)``
+    gives ``(opener_ids, answer_ids)``. Infra-failed and already scored trajectories are skipped.
+    For trajectories given through their tree, a boundary node that already holds ``readiness``
+    (scored by an earlier call) is reused, and new scores are written onto the nodes; all other
+    prefixes go to :func:`score_prefixes_batched`, which scores each distinct prefix once.
+    Returns the call's :class:`ScoreStats` (``reused_cuts``: cuts answered from nodes).
+    """
+    requests, plans = [], []
+    for traj, tree in _unscored(items):
+        if traj.task_id not in tasks:
+            raise ValueError(f"no task {traj.task_id!r} in 'tasks' for a trajectory to score")
+        opener, answer = answer_ids(tasks[traj.task_id].gold)
+        nodes = _boundary_nodes(traj, tree)
+        cuts = traj.boundaries
+        known = [tree.nodes[n].readiness for n in nodes] if (nodes and tree) else [None] * len(cuts)
+        need = [c for c, k in zip(cuts, known) if k is None]
+        if need:
+            requests.append(ScoreRequest(tuple(traj.token_ids[: max(need)]), tuple(need), tuple(answer), tuple(opener)))
+        plans.append((traj, tree, nodes, known))
+    stats = ScoreStats(trajectories=len(plans))
+    scores = iter(score_prefixes_batched(model, requests, max_batch_tokens=max_batch_tokens, stats=stats))
+    for traj, tree, nodes, known in plans:
+        fresh = iter(next(scores).tolist()) if None in known else iter(())
+        values = [k if k is not None else next(fresh) for k in known]
+        stats.reused_cuts += len(known) - known.count(None)
+        if not all(v == v and abs(v) != float("inf") for v in values):
+            raise ValueError(f"non-finite readiness scores for task {traj.task_id!r}: {values}")
+        traj.readiness = values
+        for n, v in zip(nodes or [], values):
+            if tree is not None and tree.nodes[n].readiness is None:
+                tree.nodes[n].readiness = v
+    return stats
+
+
 class ReferenceScorer:
     """The frozen initial policy that scores readiness ``l_k`` (spec section 2 step 1).
 
@@ -233,6 +308,16 @@ class ReferenceScorer:
         if gold not in self._answer_cache:
             self._answer_cache[gold] = answer_token_ids(self.tokenizer, self.fmt, gold)
         return self._answer_cache[gold]
+
+    def score(self, items: Items, tasks: Mapping[str, Task], *,
+              max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> ScoreStats:
+        """Batched readiness of every unscored trajectory in ``items``: see :func:`score_readiness`.
+
+        This is the callable the trace scheme and the trainer share, so no trajectory is scored
+        twice; ``readiness`` below stays the one-trajectory path (and the reference for tests).
+        """
+        with self.frozen():
+            return score_readiness(self.model, items, tasks, self._answer_ids, max_batch_tokens=max_batch_tokens)
 
     @torch.no_grad()
     def readiness(self, trajectory: Trajectory, task: Task) -> list[float]:

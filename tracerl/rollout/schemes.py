@@ -22,22 +22,23 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from tracerl.core.allocation import allocate_prefixes, allocate_roots, root_value
-from tracerl.core.types import RolloutTree, Task, Trajectory
+from tracerl.core.types import RolloutTree, Task
 from tracerl.rollout.engine import RolloutCost
 
 if TYPE_CHECKING:
     from tracerl.allocation.predictor import SuccessPredictor
     from tracerl.rollout.engine import RolloutEngine
 
-ReadinessFn = Callable[[Trajectory, Task], list[float]]
-"""``ReferenceScorer.readiness``: l_k at each boundary of a trajectory (spec section 2 step 1)."""
+ScoreFn = Callable[[Sequence[RolloutTree], Mapping[str, Task]], object]
+"""``ReferenceScorer.score``: writes ``l_k`` (spec section 2 step 1) onto every unscored, not
+infra-failed trajectory of the trees in one batched call; already scored ones are skipped."""
 
 SCHEME_NAMES = ("chain", "dapo", "tree_random", "trace")
 
@@ -381,9 +382,10 @@ class TraceScheme:
     e.g. rollouts that answered without any tool call) becomes extra root rollouts of the
     sampled prompts, greedy by marginal :func:`root_value` gain, so cost == budget always.
 
-    With ``readiness`` (e.g. ``ReferenceScorer.readiness``) new leaves are scored before their
-    prefixes are valued, so the predictor sees ``l_k``/``V_k`` at allocation time as it did when
-    trained; the scores stay on the trajectories for TRACE credit to reuse.
+    With ``score`` (``ReferenceScorer.score``) new leaves are scored in one batched call before
+    their prefixes are valued, so the predictor sees ``l_k``/``V_k`` at allocation time as it did
+    when trained; the scores stay on the trajectories (and tree nodes) for TRACE credit to reuse,
+    and the trainer's own call with the same callable finds them scored.
     """
 
     name = "trace"
@@ -392,11 +394,11 @@ class TraceScheme:
         self,
         config: SchemeConfig,
         predictor: SuccessPredictor | None = None,
-        readiness: ReadinessFn | None = None,
+        score: ScoreFn | None = None,
     ) -> None:
         self.config = config
         self.predictor = predictor
-        self.readiness = readiness
+        self.score = score
 
     def collect(
         self, engine: RolloutEngine, pool: Sequence[Task], budget: int, generator: torch.Generator | None = None
@@ -510,12 +512,8 @@ class TraceScheme:
         return out
 
     def _score(self, trees: Sequence[RolloutTree], tasks: dict[str, Task]) -> None:
-        if self.readiness is None:
-            return
-        for tree in trees:
-            for traj in tree.trajectories.values():
-                if traj.readiness is None and not traj.infra_failed:
-                    traj.readiness = list(self.readiness(traj, tasks[tree.task_id]))
+        if self.score is not None:
+            self.score(trees, tasks)
 
 
 def _root_topup(trees: Sequence[RolloutTree], values: Sequence[float], left: int) -> dict[tuple[int, int], int]:
@@ -535,9 +533,9 @@ def get_scheme(
     name: str,
     config: SchemeConfig | None = None,
     predictor: SuccessPredictor | None = None,
-    readiness: ReadinessFn | None = None,
+    score: ScoreFn | None = None,
 ) -> RolloutScheme:
-    """The scheme called ``name``; ``predictor``/``readiness`` are used by ``trace`` only.
+    """The scheme called ``name``; ``predictor``/``score`` are used by ``trace`` only.
 
     ``trace`` without a predictor is the uniform+uniform ablation (every value 0.5).
     """
@@ -549,5 +547,5 @@ def get_scheme(
     if name == "tree_random":
         return TreeRandomScheme(cfg)
     if name == "trace":
-        return TraceScheme(cfg, predictor, readiness)
+        return TraceScheme(cfg, predictor, score)
     raise ValueError(f"unknown rollout scheme {name!r}; valid names: {', '.join(SCHEME_NAMES)}")

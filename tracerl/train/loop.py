@@ -19,7 +19,7 @@ import torch
 from tracerl.agent.formats import get_format
 from tracerl.allocation.predictor import SuccessPredictor
 from tracerl.core.advantages import AdvantageBatch, get_estimator
-from tracerl.core.types import Trajectory
+from tracerl.core.types import RolloutTree, Trajectory
 from tracerl.envs.verifiers import get_verifier
 from tracerl.models.backend import HFPolicy
 from tracerl.models.loading import load_model
@@ -101,8 +101,8 @@ class Trainer:
         eval_engine_cfg = replace(cfg.rollout.engine, temperature=cfg.eval.temperature)
         self.eval_engine = RolloutEngine(backend, self.data.environment, self.fmt, verifier, eval_engine_cfg)
         self.predictor = SuccessPredictor(cfg.predictor) if cfg.uses_predictor else None
-        readiness = self.reference.readiness if (self.reference and cfg.algo.credit) else None
-        self.scheme = get_scheme(cfg.rollout.scheme, cfg.rollout.schemes, self.predictor, readiness)
+        score = self.reference.score if (self.reference and cfg.algo.credit) else None
+        self.scheme = get_scheme(cfg.rollout.scheme, cfg.rollout.schemes, self.predictor, score)
         self.estimator = get_estimator(cfg.algo.estimator)
         o = cfg.optim
         # AdamW over float32 master weights (only the adapters under LoRA); its state is float32 too.
@@ -135,7 +135,7 @@ class Trainer:
 
         if cfg.algo.credit:
             with self._compute():
-                self._score_readiness(trajectories)
+                self._score_readiness(result.trees)
         clock = _lap(timings, "scoring", clock)
 
         batch = AdvantageBatch(trajectories, {tree.tree_id: tree for tree in result.trees})
@@ -154,11 +154,11 @@ class Trainer:
         self.totals["generated_tokens"] += result.cost.generated_tokens
         return self._record(result, trajectories, update, predictor_metrics, timings)
 
-    def _score_readiness(self, trajectories: list[Trajectory]) -> None:
+    def _score_readiness(self, trees: list[RolloutTree]) -> None:
+        """One batched reference call for the step's trajectories the scheme has not scored yet
+        (infra failures skipped); prefixes shared within a tree are scored once."""
         assert self.reference is not None
-        for traj in trajectories:
-            if traj.readiness is None and not traj.infra_failed:
-                traj.readiness = self.reference.readiness(traj, self.tasks[traj.task_id])
+        self.reference.score(trees, self.tasks)
 
     def _compute(self) -> ContextManager[Any]:
         """The working precision (``model.dtype``) for forwards: bf16/fp16 autocast or nothing.
