@@ -312,8 +312,8 @@ class Trainer:
     def _last_good(self) -> str:
         pointer = self.run_dir / LATEST
         if not pointer.exists():
-            return "no checkpoint was written"
-        return f"the last good checkpoint is {self.run_dir / pointer.read_text().strip()} (LATEST)"
+            return "No checkpoint was written yet"
+        return f"The last good checkpoint is {self.run_dir / pointer.read_text().strip()} (LATEST)"
 
     def save(self) -> Path:
         """Checkpoint the current step (once: saving a step already in ``LATEST`` returns it).
