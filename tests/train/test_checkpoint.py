@@ -9,7 +9,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
 from tracerl.models.tiny import build_tiny_tokenizer
-from tracerl.train.checkpoint import LATEST, CheckpointError, RngState, latest_checkpoint, load_trainer_state, save_checkpoint
+from tracerl.train.checkpoint import (
+    LATEST,
+    CheckpointError,
+    RngState,
+    latest_checkpoint,
+    load_trainer_state,
+    save_checkpoint,
+)
 from tracerl.train.metrics import MetricsLog, read_metrics
 
 

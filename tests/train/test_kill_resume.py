@@ -144,6 +144,23 @@ def test_a_failed_fresh_start_leaves_no_half_made_folder(tmp_path: Path, monkeyp
     assert not (tmp_path / "run").exists()
 
 
+def test_a_second_trainer_process_on_the_folder_fails_at_once_and_writes_nothing(tmp_path: Path) -> None:
+    """On main two `tracerl train` processes on one --out both exited 0, writing every step twice."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from tracerl.train.runfolder import "
+         "RunLock; lock = RunLock(Path(sys.argv[1])); print('locked', flush=True); time.sleep(60)", str(tmp_path)],
+        stdout=subprocess.PIPE, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"locked"
+        for resume in (False, True):
+            with pytest.raises(RunFolderError, match=f"pid {holder.pid} "):
+                Trainer(cheap_config(), tmp_path, resume=resume)
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_resume_needs_a_run_folder(tmp_path: Path) -> None:
     with pytest.raises(RunFolderError, match="no checkpoint and no config.yaml"):
         resume_training(tmp_path)
@@ -205,7 +222,7 @@ def _harness() -> Any:
 def test_random_sigkills_of_training_processes_lose_nothing(tmp_path: Path) -> None:
     """The CI subset of ``python benchmarks/kill_resume.py --kills 50``: 6 real SIGKILLs."""
     harness = _harness()
-    summary = harness.run_harness(tmp_path, kills=6, steps=5, seed=1, model=harness.smoke_model())
+    summary = harness.run_harness(tmp_path, kills=6, steps=8, seed=1, model=harness.smoke_model())
     assert summary["problems"] == [] and summary["ok"]
     assert summary["kills"] == 6 and summary["processes"] >= 7
     assert os.listdir(tmp_path)  # the runs are there to inspect when it fails

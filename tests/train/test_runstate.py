@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
@@ -57,8 +59,8 @@ def _dead_pid() -> int:
 
 def test_a_second_process_fails_at_once_naming_the_holder(tmp_path: Path) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from tracerl.train.runfolder import RunLock;"
-         "lock = RunLock(Path(sys.argv[1])); print('locked', flush=True); time.sleep(60)", str(tmp_path)],
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from tracerl.train.runfolder import "
+         "RunLock; lock = RunLock(Path(sys.argv[1])); print('locked', flush=True); time.sleep(60)", str(tmp_path)],
         stdout=subprocess.PIPE, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == b"locked"
@@ -201,25 +203,26 @@ def test_trainer_state_round_trips_under_weights_only(tmp_path: Path,
     optimizer.step()
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5)
     generator = torch.Generator().manual_seed(5)
-    import random
-
-    import numpy as np
     random.gauss(0, 1), np.random.normal()  # gauss caches a second value: its state must survive too
     state = {"step": 1, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
              "rng": RngState.capture(generator).to_dict()}
     folder = save_checkpoint(tmp_path, 1, model, tokenizer, state, "")
     loaded = load_trainer_state(folder)  # weights_only=True inside
-    expected = (random.random(), random.gauss(0, 1), np.random.normal(), torch.rand(2), torch.rand(2, generator=generator))
+
+    def draws() -> tuple[float, float, float, list[float], list[float]]:
+        return (random.random(), random.gauss(0, 1), float(np.random.normal()), torch.rand(2).tolist(),
+                torch.rand(2, generator=generator).tolist())
+
+    expected = draws()
     RngState.from_dict(loaded["rng"]).restore(generator)
-    again = (random.random(), random.gauss(0, 1), np.random.normal(), torch.rand(2), torch.rand(2, generator=generator))
-    assert expected[:3] == again[:3] and all(torch.equal(a, b) for a, b in zip(expected[3:], again[3:]))
+    assert draws() == expected
     fresh = torch.optim.AdamW(model.parameters(), lr=1e-3)  # type: ignore[attr-defined]
     fresh.load_state_dict(loaded["optimizer"])
     assert fresh.param_groups[0]["betas"] == (0.9, 0.99)
 
 
-@pytest.mark.parametrize("pointer", [b"../elsewhere", b"/etc", b"ckpt-000001/../../x", b"ckpt-1", b"\xff\xfe\x00",
-                                     b"initial"])
+@pytest.mark.parametrize("pointer", [b"../elsewhere", b"/etc", b"ckpt-000001/../../x", b"ckpt-1",
+                                     b"\xff\xfe\x00", b"initial"])
 def test_latest_must_name_a_checkpoint_folder_inside_the_run(tmp_path: Path, pointer: bytes) -> None:
     (tmp_path / LATEST).write_bytes(pointer)
     with pytest.raises(CheckpointError, match="LATEST"):
@@ -253,3 +256,12 @@ def test_non_finite_tensors_are_found_by_name() -> None:
     named = [("a", torch.ones(3)), ("b", torch.tensor([1.0, float("inf")])), ("c", torch.tensor([float("nan")]))]
     assert first_nonfinite(named) == "b"
     assert first_nonfinite(named[:1]) is None
+
+
+def test_the_console_line_shows_faults_only_when_there_are_some() -> None:
+    from tracerl.train.metrics import console_line
+
+    quiet = console_line({"step": 3, "loss": 0.5, "infra_failed": 0, "nonfinite_skipped_total": 0})
+    assert quiet == "step 3  loss=0.500"
+    loud = console_line({"step": 4, "loss": 0.5, "infra_failed": 2, "nonfinite_skipped_total": 1})
+    assert loud == "step 4  loss=0.500  infra_failed=2  nonfinite_skipped_total=1"

@@ -136,6 +136,9 @@ def console_line(record: dict[str, Any]) -> str:
         if value is None:
             continue
         parts.append(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}")
+    for key in ("infra_failed", "nonfinite_skipped_total"):  # faults: shown only when there are some
+        if record.get(key):
+            parts.append(f"{key}={record[key]}")
     return "  ".join(parts)
 
 

@@ -120,9 +120,11 @@ class RunLock:
                 gc.collect()
             if not self._try_lock():
                 raise RunFolderError(self._conflict_message())
-        os.ftruncate(self._fd, 0)  # type: ignore[arg-type]
-        os.write(self._fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())  # type: ignore[arg-type]
-        os.fsync(self._fd)  # type: ignore[arg-type]
+        fd = self._fd
+        assert fd is not None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())
+        os.fsync(fd)
 
     def _try_lock(self) -> bool:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -159,7 +161,10 @@ class RunLock:
             os.close(fd)
 
     def __del__(self) -> None:
-        self.release()
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown: the kernel drops the lock with the process anyway
+            pass
 
 
 def discard_partial_run(run_dir: Path) -> None:
