@@ -9,7 +9,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
 from tracerl.models.tiny import build_tiny_tokenizer
-from tracerl.train.checkpoint import LATEST, RngState, latest_checkpoint, load_trainer_state, save_checkpoint
+from tracerl.train.checkpoint import (
+    LATEST,
+    CheckpointError,
+    RngState,
+    latest_checkpoint,
+    load_trainer_state,
+    save_checkpoint,
+)
 from tracerl.train.metrics import MetricsLog, read_metrics
 
 
@@ -25,7 +32,7 @@ def model_and_tokenizer() -> tuple[object, object]:
 def test_checkpoint_round_trip_and_pointer(tmp_path: Path, model_and_tokenizer: tuple[object, object]) -> None:
     model, tokenizer = model_and_tokenizer
     generator = torch.Generator().manual_seed(3)
-    state = {"step": 2, "rng": RngState.capture(generator)}
+    state = {"step": 2, "rng": RngState.capture(generator).to_dict()}
     folder = save_checkpoint(tmp_path, 2, model, tokenizer, state, "preset: grpo\n")
     assert latest_checkpoint(tmp_path) == folder
     assert (tmp_path / LATEST).read_text() == "ckpt-000002"
@@ -34,7 +41,7 @@ def test_checkpoint_round_trip_and_pointer(tmp_path: Path, model_and_tokenizer: 
         assert torch.equal(a, b), name
     assert AutoTokenizer.from_pretrained(folder / "policy")("Velmora")["input_ids"] == tokenizer("Velmora")["input_ids"]
     expected = torch.rand(3, generator=generator)
-    restored = load_trainer_state(folder)["rng"]
+    restored = RngState.from_dict(load_trainer_state(folder)["rng"])
     restored.restore(generator)
     assert torch.equal(torch.rand(3, generator=generator), expected)
 
@@ -54,7 +61,7 @@ def test_newer_checkpoint_replaces_older_and_a_crashed_save_is_ignored(
 def test_pointer_to_a_missing_folder_is_an_error(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) is None
     (tmp_path / LATEST).write_text("ckpt-000009")
-    with pytest.raises(FileNotFoundError, match="incomplete or missing"):
+    with pytest.raises(CheckpointError, match="incomplete or missing"):
         latest_checkpoint(tmp_path)
 
 

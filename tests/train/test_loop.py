@@ -97,6 +97,8 @@ def test_a_tool_that_raises_mid_run_is_excluded_not_fatal(tmp_path: Path) -> Non
     assert all(r["trajectories"] > r["infra_failed"] for r in records)
 
 
-def test_resuming_a_folder_without_checkpoint_fails_clearly(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        Trainer(smoke_config("grpo"), tmp_path, resume=True)
+def test_resuming_a_folder_without_checkpoint_starts_over(tmp_path: Path) -> None:
+    # A run killed before its first checkpoint: --resume restarts it from step 0 with its config.
+    with Trainer(smoke_config("grpo"), tmp_path, resume=True) as trainer:
+        assert trainer.step_index == 0 and trainer.resume_from is None
+    assert (tmp_path / "config.yaml").exists() and (tmp_path / "initial" / "config.json").exists()

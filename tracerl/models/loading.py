@@ -81,7 +81,11 @@ def load_policy_state(model: Any, folder: str | Path) -> None:
         adapter = folder / "adapter_model.safetensors"
         if not adapter.exists():
             raise FileNotFoundError(f"{folder} has no adapter_model.safetensors to load into the LoRA policy")
-        result = set_peft_model_state_dict(model, load_file(str(adapter)))
+        try:
+            adapter_weights = load_file(str(adapter))
+        except Exception as err:  # safetensors raises its own error type for damaged headers
+            raise ValueError(f"{adapter} is corrupted or truncated ({type(err).__name__})") from None
+        result = set_peft_model_state_dict(model, adapter_weights)
         unexpected = getattr(result, "unexpected_keys", [])
         if unexpected:
             raise RuntimeError(f"adapter in {folder} does not match the model: unexpected {unexpected}")
@@ -92,7 +96,10 @@ def load_policy_state(model: Any, folder: str | Path) -> None:
     expected = set(model.state_dict())
     loaded: set[str] = set()
     for shard in shards:
-        weights = load_file(str(shard))
+        try:
+            weights = load_file(str(shard))
+        except Exception as err:  # safetensors raises its own error type for damaged headers
+            raise ValueError(f"{shard} is corrupted or truncated ({type(err).__name__})") from None
         _, unexpected = model.load_state_dict(weights, strict=False)
         if unexpected:
             raise RuntimeError(f"checkpoint {shard} does not match the model: unexpected {unexpected}")

@@ -1,4 +1,4 @@
-"""Atomic checkpoints: a run killed at any moment loses at most the step in flight.
+"""Atomic, safe-to-load checkpoints: a run killed at any moment loses at most the step in flight.
 
 Layout under ``RUN_DIR``::
 
@@ -8,35 +8,57 @@ Layout under ``RUN_DIR``::
 A checkpoint folder is written under a temporary name and renamed when complete; ``LATEST``
 is replaced with ``os.replace``. Resuming reads ``LATEST`` only, so a half-written folder is
 never seen. Older checkpoints are removed after the pointer moves.
+
+Loading never runs code from the run folder: ``trainer.pt`` holds tensors and plain data only
+and is read with ``torch.load(weights_only=True)``; ``LATEST`` must name a ``ckpt-NNNNNN``
+folder directly inside the run folder. A corrupted file is a :class:`CheckpointError`
+(a ``ValueError``) naming it.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import torch
 
+from tracerl.train.runfolder import fsync_dir, temp_path, write_atomic
+
 LATEST = "LATEST"
+CHECKPOINT_NAME = re.compile(r"ckpt-\d{6}")
+
+__all__ = ["LATEST", "CheckpointError", "RngState", "first_nonfinite", "latest_checkpoint",
+           "load_policy_into", "load_trainer_state", "save_checkpoint", "write_atomic"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file or pointer is missing, corrupted, unsafe or names something outside the run."""
 
 
 @dataclass
 class RngState:
-    """Every random stream a step touches, so ``2 + resume + 2`` equals ``4`` steps exactly."""
+    """Every random stream a step touches, so ``2 + resume + 2`` equals ``4`` steps exactly.
 
-    python: Any
-    numpy: Any
+    Stored as plain data (:meth:`to_dict`) so ``trainer.pt`` loads with ``weights_only=True``:
+    python's Mersenne state (version, 625 ints, gauss), numpy's MT19937 state (key as an
+    int64 tensor of shape ``(624,)``, pos, has_gauss, cached gauss), torch's byte states.
+    """
+
+    python: tuple
+    numpy: dict[str, Any]
     torch: torch.Tensor
     sampling: torch.Tensor
 
     @classmethod
     def capture(cls, sampling: torch.Generator) -> RngState:
-        return cls(random.getstate(), np.random.get_state(), torch.get_rng_state(), sampling.get_state())
+        return cls(random.getstate(), np.random.get_state(legacy=False), torch.get_rng_state(), sampling.get_state())
 
     def restore(self, sampling: torch.Generator) -> None:
         random.setstate(self.python)
@@ -44,33 +66,64 @@ class RngState:
         torch.set_rng_state(self.torch)
         sampling.set_state(self.sampling)
 
+    def to_dict(self) -> dict[str, Any]:
+        version, internal, gauss = self.python
+        state = self.numpy["state"]
+        return {
+            "python": {"version": int(version), "state": [int(x) for x in internal], "gauss": gauss},
+            "numpy": {"bit_generator": str(self.numpy["bit_generator"]),
+                      "key": torch.from_numpy(np.asarray(state["key"], dtype=np.int64)),
+                      "pos": int(state["pos"]), "has_gauss": int(self.numpy["has_gauss"]),
+                      "gauss": float(self.numpy["gauss"])},
+            "torch": self.torch.clone(),
+            "sampling": self.sampling.clone(),
+        }
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write a file so readers see the old or the new content, never a torn one."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RngState:
+        py, npy = data["python"], data["numpy"]
+        numpy_state = {"bit_generator": npy["bit_generator"],
+                       "state": {"key": npy["key"].numpy().astype(np.uint32), "pos": npy["pos"]},
+                       "has_gauss": npy["has_gauss"], "gauss": npy["gauss"]}
+        return cls((py["version"], tuple(py["state"]), py["gauss"]), numpy_state, data["torch"], data["sampling"])
+
+
+def first_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
+    """Name of the first tensor holding a NaN or an infinity, or None when all are finite."""
+    for name, tensor in named:
+        if not bool(torch.isfinite(tensor.detach()).all()):
+            return name
+    return None
 
 
 def save_checkpoint(
     run_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any], config_yaml: str
 ) -> Path:
-    """Write checkpoint ``step`` atomically and point ``LATEST`` at it."""
+    """Write checkpoint ``step`` atomically and point ``LATEST`` at it.
+
+    ``trainer_state`` must be tensors and plain data (it is loaded with ``weights_only=True``).
+    A folder of the same name that ``LATEST`` does not name (left by a kill between the
+    rename and the pointer update) is replaced.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
     name = f"ckpt-{step:06d}"
     final = run_dir / name
-    tmp = run_dir / f".{name}.tmp-{os.getpid()}"
+    if (run_dir / LATEST).exists() and _read_pointer(run_dir) == name:
+        raise CheckpointError(f"{final} is the current checkpoint; a step is checkpointed once")
+    tmp = temp_path(final)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     model.save_pretrained(tmp / "policy")
     tokenizer.save_pretrained(tmp / "policy")
-    torch.save(trainer_state, tmp / "trainer.pt")
+    with open(tmp / "trainer.pt", "wb") as handle:
+        torch.save(trainer_state, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
     (tmp / "config.yaml").write_text(config_yaml)
+    _fsync_tree(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
+    fsync_dir(run_dir)
     write_atomic(run_dir / LATEST, name.encode())
     for old in run_dir.glob("ckpt-*"):
         if old.name != name and old.is_dir():
@@ -78,17 +131,68 @@ def save_checkpoint(
     return final
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint folder, or None when the run has none."""
+def _fsync_tree(folder: Path) -> None:
+    """fsync every file under ``folder`` (HF writers do not), so the rename publishes durable data."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    for sub in [folder, *(p for p in folder.rglob("*") if p.is_dir())]:
+        fsync_dir(sub)
+
+
+def _read_pointer(run_dir: Path) -> str:
     pointer = run_dir / LATEST
-    if not pointer.exists():
+    try:
+        name = pointer.read_bytes().decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{pointer} is not a checkpoint name (not text); "
+                              "it must hold a name like ckpt-000004") from None
+    if not CHECKPOINT_NAME.fullmatch(name):
+        shown = name if len(name) <= 40 else name[:40] + "..."
+        raise CheckpointError(f"{pointer} holds {shown!r}; it must name a ckpt-NNNNNN folder inside {run_dir}")
+    return name
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint folder, or None when the run has none.
+
+    Raises :class:`CheckpointError` when ``LATEST`` is not a ``ckpt-NNNNNN`` name, names a
+    folder outside ``run_dir`` (a symlink) or an incomplete or missing one.
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / LATEST).exists():
         return None
-    folder = run_dir / pointer.read_text().strip()
-    if not (folder / "trainer.pt").exists():
-        raise FileNotFoundError(f"{pointer} names {folder.name}, which is incomplete or missing")
+    folder = run_dir / _read_pointer(run_dir)
+    if folder.is_symlink() or (folder.exists() and folder.resolve().parent != run_dir.resolve()):
+        raise CheckpointError(f"{run_dir / LATEST} names {folder.name}, which points outside {run_dir}")
+    if not (folder / "trainer.pt").is_file():
+        raise CheckpointError(f"{run_dir / LATEST} names {folder.name}, which is incomplete or missing")
     return folder
 
 
 def load_trainer_state(folder: Path) -> dict[str, Any]:
-    # weights_only=False: the state holds numpy/python RNG tuples written by this library.
-    return torch.load(folder / "trainer.pt", weights_only=False)
+    """Read ``trainer.pt`` with ``weights_only=True``: a pickled object that would run code is refused."""
+    path = Path(folder) / "trainer.pt"
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path} holds objects other than tensors and plain data, refused to load "
+                              f"({first[:120]}); only load run folders you trust") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is corrupted or truncated ({type(err).__name__}); "
+                              "restore it or start a new run") from None
+
+
+def load_policy_into(model: Any, folder: Path) -> None:
+    """Load the policy of checkpoint ``folder`` (``policy/``: full weights, or a LoRA adapter) into
+    ``model`` in place, on its device; a damaged or mismatched file is named in the error."""
+    from safetensors import SafetensorError
+
+    from tracerl.models.loading import load_policy_state
+
+    try:
+        load_policy_state(model, Path(folder) / "policy")
+    except (SafetensorError, OSError, RuntimeError, ValueError) as err:
+        raise CheckpointError(f"{err}; restore it or start a new run") from None

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -66,6 +67,7 @@ def run_demo(out: str | Path, train_minutes: float | None = None, console: Conso
     console.print(f"      {model_dir}")
 
     run_dir = out / "run"
+    shutil.rmtree(run_dir, ignore_errors=True)  # the demo always starts over (a Trainer refuses a used folder)
     (run_dir).mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_to_yaml(config))
     trainer = Trainer(config, run_dir)

@@ -7,6 +7,7 @@ when credit is on -> advantages -> clipped-PPO update -> predictor update -> log
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from dataclasses import replace
@@ -20,6 +21,7 @@ from tracerl.agent.formats import get_format
 from tracerl.allocation.predictor import SuccessPredictor
 from tracerl.core.advantages import AdvantageBatch, get_estimator
 from tracerl.core.types import RolloutTree, Trajectory
+from tracerl.envs.health import ToolHealth
 from tracerl.envs.verifiers import get_verifier
 from tracerl.models.backend import HFPolicy
 from tracerl.models.loading import load_model
@@ -30,10 +32,29 @@ from tracerl.models.scoring import ReferenceScorer
 from tracerl.rollout.engine import RolloutEngine
 from tracerl.rollout.evaluate import evaluate
 from tracerl.rollout.schemes import get_scheme
-from tracerl.train.checkpoint import RngState, latest_checkpoint, load_trainer_state, save_checkpoint
+from tracerl.train.checkpoint import (
+    LATEST,
+    RngState,
+    first_nonfinite,
+    latest_checkpoint,
+    load_policy_into,
+    load_trainer_state,
+    save_checkpoint,
+)
 from tracerl.train.config import TrainConfig, config_to_yaml
 from tracerl.train.data import load_task_data, take_pool
 from tracerl.train.metrics import MetricsLog
+from tracerl.train.runfolder import (
+    LOCK_FILE,
+    RunFolderError,
+    RunLock,
+    discard_partial_run,
+    fsync_dir,
+    refuse_if_state,
+    remove_stale_temps,
+    temp_path,
+    write_atomic,
+)
 from tracerl.train.update import UpdateSettings, policy_update
 
 INITIAL = "initial"
@@ -68,26 +89,72 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False,
                  echo: Callable[[str], None] | None = None) -> None:
+        """Own ``run_dir`` (locked until :meth:`close`) and build every component.
+
+        Fresh start (``resume=False``): ``run_dir`` must hold no run state. ``resume=True``:
+        continue from ``LATEST``; with no checkpoint yet, start over from step 0 (the partial
+        state of a run killed before its first checkpoint is discarded).
+        """
         self.config, self.run_dir, self.echo = config, Path(run_dir), echo or (lambda _: None)
+        self.resume_from = self._claim_run_folder(resume)
+        try:
+            self._build(config)
+        except BaseException:
+            self.close(discard=self.resume_from is None and not resume)
+            raise
+
+    def _claim_run_folder(self, resume: bool) -> Path | None:
+        """Lock the folder, clear temporaries, check its state; the checkpoint to resume from."""
+        self._created_dir = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        _seed_everything(config.seed)
-        cfg = config
+        self.lock = RunLock(self.run_dir)
+        try:
+            remove_stale_temps(self.run_dir, holding_lock=True)
+            folder = latest_checkpoint(self.run_dir) if resume else None
+            if not resume:
+                refuse_if_state(self.run_dir)
+            elif folder is None:  # killed before the first checkpoint: nothing trained survives
+                discard_partial_run(self.run_dir)
+            if folder is None:
+                write_atomic(self.run_dir / "config.yaml", config_to_yaml(self.config).encode())
+            elif not (self.run_dir / INITIAL / "config.json").exists():
+                raise RunFolderError(f"{self.run_dir / INITIAL} is missing: the frozen reference of this run "
+                                     "cannot be rebuilt, so it cannot be resumed")
+        except BaseException:
+            self.lock.release()
+            raise
+        return folder
+
+    def _initial_policy(self) -> tuple[Any, Any]:
+        """The initial policy: read from ``initial/`` on resume, else built and written atomically."""
+        cfg = self.config
+        initial = self.run_dir / INITIAL
+        if self.resume_from is not None:
+            try:
+                return load_model(str(initial), dtype=cfg.model.dtype, device=cfg.model.device)
+            except (OSError, ValueError) as err:
+                raise RunFolderError(f"{initial} is damaged ({type(err).__name__}: {err}); "
+                                     "the run cannot be resumed") from None
+        vocab = None
+        if cfg.model.name_or_path == "random-tiny":
+            from tracerl.models.tiny_data import vocabulary_texts
+            vocab = vocabulary_texts(cfg.data.world, self.fmt)
+        model, tokenizer = load_model(
+            cfg.model.name_or_path, vocabulary_texts=vocab, tiny_preset=cfg.model.tiny_preset,
+            dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+        tmp = temp_path(initial)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, initial)
+        fsync_dir(self.run_dir)
+        return model, tokenizer
+
+    def _build(self, cfg: TrainConfig) -> None:
+        _seed_everything(cfg.seed)
         self.fmt = get_format(cfg.model.format, system=cfg.model.system_prompt)  # text only: random-tiny's vocabulary
         self.data = load_task_data(cfg.data, cfg.rollout.engine, cfg.seed)
         self.tasks = {t.id: t for t in self.data.train + self.data.held_out + self.data.redrawn}
-        initial = self.run_dir / INITIAL
-        if initial.exists():
-            self.model, self.tokenizer = load_model(str(initial), dtype=cfg.model.dtype, device=cfg.model.device)
-        else:
-            vocab = None
-            if cfg.model.name_or_path == "random-tiny":
-                from tracerl.models.tiny_data import vocabulary_texts
-                vocab = vocabulary_texts(cfg.data.world, self.fmt)
-            self.model, self.tokenizer = load_model(
-                cfg.model.name_or_path, vocabulary_texts=vocab, tiny_preset=cfg.model.tiny_preset,
-                dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
-            self.model.save_pretrained(initial)
-            self.tokenizer.save_pretrained(initial)
+        self.model, self.tokenizer = self._initial_policy()
         self.fmt = get_format(cfg.model.format, tokenizer=self.tokenizer, system=cfg.model.system_prompt)
         self.model = _prepare_policy(self.model, cfg)
         needs_reference = cfg.algo.credit or cfg.optim.kl_coef > 0
@@ -115,44 +182,60 @@ class Trainer:
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.step_index, self.cursor = 0, 0
         self.totals = {"rollouts": 0, "generated_tokens": 0}
+        self.nonfinite = {"streak": 0, "total": 0}
+        self.tool_health = ToolHealth(cfg.data.max_failed_tool_steps)
         self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb)
-        if resume:
-            self._restore()
+        if self.resume_from is not None:
+            self._restore(self.resume_from)
 
     # --- one step -------------------------------------------------------------------------
 
     def step(self) -> dict[str, Any]:
         cfg, timings = self.config, {}
+        self._peaks: dict[str, float] = {}
         clock = time.perf_counter()
 
         pool = take_pool(self.data.train, self.cursor, cfg.rollout.pool_size)
         self.model.eval()
+        self.data.environment.take_tool_stats()  # drop calls made outside training (evaluation)
         with self._compute():
             result = self.scheme.collect(self.engine, pool, cfg.rollout.budget, self.generator)
+        tools = self.data.environment.take_tool_stats()
+        self.tool_health.observe(tools.calls, tools.failures, tools.last_failure)  # stops a run whose tools all fail
         self.cursor += result.consumed
         trajectories = [t for tree in result.trees for t in tree.trajectories.values()]
-        clock = _lap(timings, "rollout", clock)
+        clock = self._phase_end(timings, "rollout", clock)
 
         if cfg.algo.credit:
             with self._compute():
                 self._score_readiness(result.trees)
-        clock = _lap(timings, "scoring", clock)
+        clock = self._phase_end(timings, "scoring", clock)
 
         batch = AdvantageBatch(trajectories, {tree.tree_id: tree for tree in result.trees})
         advantages = self.estimator(batch, cfg.algo.advantage)
-        clock = _lap(timings, "advantages", clock)
+        clock = self._phase_end(timings, "advantages", clock)
 
         update = self._update([(t, a) for t, a in zip(trajectories, advantages) if not t.infra_failed])
-        clock = _lap(timings, "update", clock)
+        clock = self._phase_end(timings, "update", clock)
 
         predictor_metrics = self.predictor.update(result.trees) if self.predictor is not None else {}
-        _lap(timings, "predictor", clock)
+        self._phase_end(timings, "predictor", clock)
         self.engine.forget(result.trees)
 
         self.step_index += 1
         self.totals["rollouts"] += result.cost.rollouts
         self.totals["generated_tokens"] += result.cost.generated_tokens
-        return self._record(result, trajectories, update, predictor_metrics, timings)
+        record = self._record(result, trajectories, update, predictor_metrics, timings)
+        record.update(tool_calls=tools.calls, tool_failures=tools.failures, **self._peaks)
+        return record
+
+    def _phase_end(self, timings: dict[str, float], name: str, since: float) -> float:
+        """Close a phase: its time, and on CUDA its peak allocated memory (``peak_mem_gb_<phase>``)."""
+        device = torch.device(self.config.model.device)
+        if device.type == "cuda":
+            self._peaks[f"peak_mem_gb_{name}"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
+            torch.cuda.reset_peak_memory_stats(device)
+        return _lap(timings, name, since)
 
     def _score_readiness(self, trees: list[RolloutTree]) -> None:
         """One batched reference call for the step's trajectories the scheme has not scored yet
@@ -224,7 +307,11 @@ class Trainer:
 
     def run(self, steps: int | None = None, *, deadline: float | None = None) -> list[dict[str, Any]]:
         """Train until ``steps`` total steps (default ``config.steps``) or the ``time.perf_counter()``
-        ``deadline``; evaluate every ``eval.every`` steps and at the last step, checkpoint as configured."""
+        ``deadline``; evaluate every ``eval.every`` steps and at the last step, checkpoint as configured.
+
+        A step's metrics line is fsynced before its checkpoint is written, so a kill loses at most
+        the step in flight: on resume, lines after the checkpoint are dropped and those steps rerun.
+        """
         target = self.config.steps if steps is None else steps
         records = []
         while self.step_index < target and (deadline is None or time.perf_counter() < deadline):
@@ -232,44 +319,103 @@ class Trainer:
             every, last = self.config.eval.every, self.step_index == target
             if (every and self.step_index % every == 0) or last:
                 record.update(self.evaluate(self.data.held_out))
-            if self.step_index % self.config.log.checkpoint_every == 0 or last:
-                self.save()
+            self._count_nonfinite(record)
             self.log.write(record)
             self.echo(record)
             records.append(record)
+            self._stop_if_nonfinite_streak()
+            if self.step_index % self.config.log.checkpoint_every == 0 or last:
+                self.save()
         return records
 
+    def _count_nonfinite(self, record: dict[str, Any]) -> None:
+        """A step counts as skipped when any of its updates had a non-finite loss or gradient norm."""
+        if float(record.get("nonfinite_skipped", 0.0) or 0.0) > 0:
+            self.nonfinite["streak"] += 1
+            self.nonfinite["total"] += 1
+        else:
+            self.nonfinite["streak"] = 0
+        record["nonfinite_skipped_total"] = self.nonfinite["total"]
+
+    def _stop_if_nonfinite_streak(self) -> None:
+        limit = getattr(self.config.optim, "max_nonfinite_steps", 3)
+        streak = self.nonfinite["streak"]
+        if streak >= limit:
+            raise NonFiniteTrainingError(
+                f"steps {self.step_index - streak + 1}..{self.step_index} had a non-finite loss or gradient norm "
+                f"and were skipped ({streak} in a row, optim.max_nonfinite_steps={limit}); stopping. "
+                f"{self._last_good()}; lower optim.lr or check the rewards and rollout.engine.temperature")
+
+    def _last_good(self) -> str:
+        pointer = self.run_dir / LATEST
+        if not pointer.exists():
+            return "No checkpoint was written yet"
+        return f"The last good checkpoint is {self.run_dir / pointer.read_text().strip()} (LATEST)"
+
     def save(self) -> Path:
+        """Checkpoint the current step (once: saving a step already in ``LATEST`` returns it).
+
+        Raises :class:`NonFiniteTrainingError` and writes nothing when a weight is NaN or infinite,
+        so ``LATEST`` stays on the previous good checkpoint.
+        """
+        current = latest_checkpoint(self.run_dir)
+        if current is not None and current.name == f"ckpt-{self.step_index:06d}":
+            return current
+        bad = first_nonfinite(self.model.named_parameters())
+        if bad is not None:
+            raise NonFiniteTrainingError(f"parameter {bad} is not finite at step {self.step_index}; "
+                                         f"not checkpointing it. {self._last_good()}")
         state = {
             "step": self.step_index,
             "cursor": self.cursor,
             "totals": dict(self.totals),
+            "nonfinite": dict(self.nonfinite),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "predictor": self.predictor.state_dict() if self.predictor is not None else None,
-            "rng": RngState.capture(self.generator),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "rng": RngState.capture(self.generator).to_dict(),
         }
         return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
                                config_to_yaml(self.config))
 
-    def _restore(self) -> None:
-        folder = latest_checkpoint(self.run_dir)
-        if folder is None:
-            raise FileNotFoundError(f"{self.run_dir} has no checkpoint to resume from")
-        from safetensors.torch import load_file
-
-        weights = load_file(str(folder / "policy" / "model.safetensors"))
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        if unexpected or any("lm_head" not in k for k in missing):  # lm_head may be tied
-            raise RuntimeError(f"checkpoint {folder} does not match the model: {missing} {unexpected}")
+    def _restore(self, folder: Path) -> None:
+        load_policy_into(self.model, folder)
         state = load_trainer_state(folder)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.predictor is not None and state["predictor"] is not None:
             self.predictor.load_state_dict(state["predictor"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
         self.step_index, self.cursor, self.totals = state["step"], state["cursor"], state["totals"]
-        state["rng"].restore(self.generator)
+        self.nonfinite = dict(state.get("nonfinite", self.nonfinite))
+        RngState.from_dict(state["rng"]).restore(self.generator)
         self.log.truncate_after(self.step_index)
+
+    def close(self, *, discard: bool = False) -> None:
+        """Release the run folder (idempotent). ``discard``: a fresh start failed during set-up,
+        so remove what it wrote (and the folder when this Trainer created it)."""
+        if getattr(self, "log", None) is not None:
+            self.log.close()
+        if discard and self.lock.held:
+            discard_partial_run(self.run_dir)
+            (self.run_dir / "config.yaml").unlink(missing_ok=True)
+            if self._created_dir and [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
+                (self.run_dir / LOCK_FILE).unlink()
+                self.lock.release()
+                self.run_dir.rmdir()
+        self.lock.release()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Training produced NaN/inf: too many skipped steps in a row, or non-finite weights at a save."""
 
 
 def _prepare_policy(model: Any, config: TrainConfig) -> Any:

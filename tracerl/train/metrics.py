@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
+
+from tracerl.train.runfolder import fsync_dir, write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -39,17 +43,28 @@ class MetricsLog:
             self._wandb = wandb_module.init(project="tracerl", name=run_name or run_dir.name, dir=str(run_dir))
 
     def truncate_after(self, step: int) -> None:
-        """Drop lines of steps after ``step``: they belong to a step lost when a run was killed."""
+        """Keep only the lines of steps ``<= step`` (those the checkpoint reflects), atomically.
+
+        Lines of later steps belong to steps a kill lost (the line is written before the
+        checkpoint); those steps run again and write their lines anew, so every step appears
+        once. A torn last line is dropped with a warning. The file is rewritten under a
+        temporary name and swapped in with ``os.replace``, so a kill here loses nothing.
+        """
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        kept = [record for record in parse_metrics(self.path, warn=True) if int(record["step"]) <= step]
+        write_atomic(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept).encode())
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` as one line and fsync it: when this returns, the line survives a crash."""
         record = {k: _clean(v) for k, v in record.items()}
+        created = not self.path.exists()
         with open(self.path, "a") as handle:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
             handle.flush()
+            os.fsync(handle.fileno())
+        if created:
+            fsync_dir(self.path.parent)
         step = int(record["step"])
         numeric = {k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None}
         if self._tb is not None:
@@ -65,11 +80,51 @@ class MetricsLog:
             self._wandb.finish()
 
 
+def parse_metrics(path: Path, *, warn: bool = False) -> list[dict[str, Any]]:
+    """The records of a metrics file; a torn last line (no newline or bad JSON) is dropped.
+
+    A kill mid-append can leave only the last line torn; a bad line anywhere else means the
+    file was damaged by something else and is a ``ValueError`` naming file and line.
+    """
+    *complete, tail = path.read_bytes().split(b"\n")  # tail: bytes after the last newline
+    while complete and not complete[-1].strip():
+        complete.pop()
+    records = []
+    for number, raw in enumerate(complete, start=1):
+        if not raw.strip():
+            continue
+        record = _parse_line(raw)
+        if record is None:
+            if number < len(complete):
+                raise ValueError(f"{path}:{number}: not a JSON step record; the file is damaged")
+            _warn_torn(path, number, warn)
+            continue
+        records.append(record)
+    if tail.strip():  # an append cut before its newline, even if the JSON happens to parse
+        _warn_torn(path, len(complete) + 1, warn)
+    return records
+
+
+def _parse_line(raw: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and "step" in record else None
+
+
+def _warn_torn(path: Path, number: int, warn: bool) -> None:
+    if warn:
+        warnings.warn(f"{path}:{number}: dropped a torn last line (a run was killed while writing it)",
+                      stacklevel=3)
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """Every complete step record of a run folder (a torn last line is skipped)."""
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a tracerl run folder?")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return parse_metrics(path)
 
 
 def console_line(record: dict[str, Any]) -> str:
@@ -81,6 +136,9 @@ def console_line(record: dict[str, Any]) -> str:
         if value is None:
             continue
         parts.append(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}")
+    for key in ("infra_failed", "nonfinite_skipped_total"):  # faults: shown only when there are some
+        if record.get(key):
+            parts.append(f"{key}={record[key]}")
     return "  ".join(parts)
 
 

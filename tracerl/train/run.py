@@ -5,40 +5,57 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
+
 from tracerl.train.checkpoint import latest_checkpoint
-from tracerl.train.config import config_from_yaml, config_to_yaml, resolve_config
+from tracerl.train.config import config_from_yaml, resolve_config
 from tracerl.train.loop import Trainer
 from tracerl.train.metrics import console_line, is_interactive
+from tracerl.train.runfolder import RunFolderError, refuse_if_state
 
 
 def start_training(preset: str, out: str | Path, *, config_file: str | None = None,
                    overrides: list[str] | None = None, steps: int | None = None,
                    smoke: bool = False) -> Callable[[], list[dict[str, Any]]]:
-    """Validate everything first (bad configs fail here), then return the run to start."""
+    """Validate everything first (bad configs and a folder that holds a run fail here, before
+    anything is written), take the run folder, then return the run to start."""
     config = resolve_config(preset, config_file=config_file, overrides=overrides, smoke=smoke)
     if steps is not None:
         config.steps = steps
     run_dir = Path(out)
-    if latest_checkpoint(run_dir) is not None:
-        raise ValueError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(config_to_yaml(config))
-    return lambda: _run(Trainer(config, run_dir), config.steps)
+    refuse_if_state(run_dir)
+    trainer = Trainer(config, run_dir)  # locks the folder, writes config.yaml and initial/
+    return lambda: _run(trainer, config.steps)
 
 
 def resume_training(run_dir: str | Path, steps: int | None = None) -> Callable[[], list[dict[str, Any]]]:
-    """Continue a run from its newest checkpoint with the config it was started with."""
+    """Continue a run from its newest checkpoint with the config it was started with.
+
+    A run killed before its first checkpoint has only ``config.yaml`` (and partial state): it
+    restarts from step 0 with that config, which is what a fresh start would do. A fresh start
+    on such a folder is refused, so nothing is reused or overwritten without ``--resume``.
+    """
     run_dir = Path(run_dir)
     folder = latest_checkpoint(run_dir)
-    if folder is None:
-        raise ValueError(f"{run_dir} has no checkpoint to resume from")
-    config = config_from_yaml((folder / "config.yaml").read_text())
+    source = (folder if folder is not None else run_dir) / "config.yaml"
+    if not source.is_file():
+        raise RunFolderError(f"{run_dir} has no checkpoint and no config.yaml: not a tracerl run folder")
+    try:
+        config = config_from_yaml(source.read_text())
+    except yaml.YAMLError as err:
+        raise RunFolderError(f"{source} is not valid YAML ({type(err).__name__}); restore it") from None
     if steps is not None:
         config.steps = steps
-    return lambda: _run(Trainer(config, run_dir, resume=True), config.steps)
+    trainer = Trainer(config, run_dir, resume=True)
+    return lambda: _run(trainer, config.steps)
 
 
 def _run(trainer: Trainer, steps: int) -> list[dict[str, Any]]:
+    with trainer:  # releases the run folder's lock however the run ends
+        return _run_with_progress(trainer, steps)
+
+
+def _run_with_progress(trainer: Trainer, steps: int) -> list[dict[str, Any]]:
     if not is_interactive():
         trainer.echo = lambda record: print(console_line(record), flush=True)
         return trainer.run(steps)

@@ -1,0 +1,182 @@
+"""One run, one folder: the run-folder lock, what counts as run state, atomic writes, temp cleanup.
+
+A run folder belongs to one process at a time. :class:`RunLock` takes an exclusive,
+non-blocking ``fcntl.flock`` on ``RUN_DIR/.lock`` and records the holder's pid and host in it,
+so a second process fails at once naming the holder. The kernel drops the lock when the
+holder dies (even by SIGKILL), so a killed run never leaves a folder locked.
+
+Everything a run writes goes through a temporary name and ``os.replace``; temporaries are
+named ``.NAME.tmp-PID`` so leftovers of dead processes can be recognised and removed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gc
+import json
+import os
+import re
+import shutil
+import socket
+from pathlib import Path
+
+LOCK_FILE = ".lock"
+STATE_NAMES = ("metrics.jsonl", "initial", "LATEST")
+"""Files and folders whose presence means a run already trained (or began to) here; ``ckpt-*`` too."""
+
+_TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
+
+
+class RunFolderError(ValueError):
+    """A run folder is in use, holds another run's state, or is not a run folder (a user error)."""
+
+
+def temp_path(path: Path) -> Path:
+    """The temporary sibling ``.NAME.tmp-PID`` under which ``path`` is written before ``os.replace``."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or a new file inside ``folder`` durable (POSIX: the entry lives in the folder)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write a file so readers see the old or the new content, never a torn one, durably."""
+    tmp = temp_path(path)
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def run_state(run_dir: Path) -> list[str]:
+    """Names of the run-state entries in ``run_dir`` (sorted): what makes a fresh start unsafe."""
+    if not run_dir.is_dir():
+        return []
+    found = [name for name in STATE_NAMES if (run_dir / name).exists()]
+    found += [p.name for p in run_dir.glob("ckpt-*")]
+    return sorted(found)
+
+
+def refuse_if_state(run_dir: Path) -> None:
+    """Raise :class:`RunFolderError` naming what is there when ``run_dir`` already holds a run."""
+    found = run_state(run_dir)
+    if found:
+        raise RunFolderError(f"{run_dir} already holds run state ({', '.join(found)}); "
+                             f"continue it with --resume {run_dir}, or choose another --out")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (signal 0 probes without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def remove_stale_temps(run_dir: Path, *, holding_lock: bool) -> list[str]:
+    """Remove ``.NAME.tmp-PID`` leftovers of dead writers; all of them when we hold the lock.
+
+    Holding the lock means no other process may write here, so every temporary is stale;
+    without it only those whose pid is gone are. Returns the names removed.
+    """
+    removed = []
+    for entry in run_dir.iterdir() if run_dir.is_dir() else []:
+        match = _TEMP.match(entry.name)
+        if not match or (not holding_lock and pid_alive(int(match.group(1)))):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry.name)
+    return sorted(removed)
+
+
+class RunLock:
+    """An exclusive lock on a run folder, held until :meth:`release` or the process ends.
+
+    The lock file is never deleted: deleting it would let two processes lock two different
+    files of the same name.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd: int | None = None
+        if not self._try_lock():
+            # A Trainer of this very process that was dropped but not yet collected may still
+            # hold it (a reference cycle): collect once before calling it a conflict.
+            if self._holder().get("pid") == os.getpid():
+                gc.collect()
+            if not self._try_lock():
+                raise RunFolderError(self._conflict_message())
+        fd = self._fd
+        assert fd is not None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())
+        os.fsync(fd)
+
+    def _try_lock(self) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def _holder(self) -> dict[str, object]:
+        try:
+            holder = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return {}
+        return holder if isinstance(holder, dict) else {}
+
+    def _conflict_message(self) -> str:
+        holder = self._holder()
+        who = f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}"
+        return (f"{self.path.parent} is in use by another tracerl process ({who}); "
+                f"wait for it to end or choose another --out")
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Unlock (idempotent); the pid/host record stays until the next holder overwrites it."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown: the kernel drops the lock with the process anyway
+            pass
+
+
+def discard_partial_run(run_dir: Path) -> None:
+    """Remove the state of a run that never reached a checkpoint (metrics, initial/, unpointed ckpt-*).
+
+    Called with the lock held, when a run restarts from step 0 or a fresh start fails while
+    being set up; ``config.yaml`` and the lock file stay.
+    """
+    for name in run_state(run_dir):
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    fsync_dir(run_dir)
