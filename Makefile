@@ -20,8 +20,10 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/tracerl demo --out demo_out
 
+# The default suite in .venv, then the optional extras' tests in their own environment.
 test: install
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
+	$(MAKE) test-extras
 
 # Optional extras (LoRA through peft) in an environment of their own, so the default .venv and the
 # default test run never see them. `make test-extras` builds .venv-extras once, then runs the
