@@ -10,9 +10,10 @@ script itself, what the test suite does).
 What it checks (the JSON has one section each, stable keys):
 
 - ``presets``: every method preset for 3 steps of the ``--smoke`` setting with bf16 compute
-  (fp32 master weights) and the ``answered`` verifier, which rewards any final answer: the
-  random smoke model answers in some rollouts and not in others, so groups are mixed and
-  advantages non-zero. Per preset: losses, trained tokens, whether the parameters moved, time
+  (fp32 master weights), the smoke-pretrained tiny model (pretrained in seconds, cached) and
+  the ``answered`` verifier, which rewards any final answer: that model answers in some
+  rollouts and not in others, so groups are mixed and advantages non-zero (a preset whose
+  update never trained a token fails the check). Per preset: losses, trained tokens, whether the parameters moved, time
   and peak memory per phase.
 - ``resume``: 2 steps, a resume to 3, against 3 straight steps (same metrics and weights within
   a tolerance: GPU kernels are not bitwise deterministic).
@@ -57,8 +58,10 @@ def _peak_gb(device: str) -> float | None:
 
 
 def _smoke_config(preset: str, device: str, dtype: str, steps: int) -> Any:
+    # The smoke-pretrained tiny model answers in some rollouts and not in others, so with the
+    # `answered` (format) reward the groups are mixed and every preset's update runs.
     overrides = [f"model.device={device}", f"model.dtype={dtype}", "data.verifier=answered", f"steps={steps}",
-                 "log.checkpoint_every=1"]
+                 "log.checkpoint_every=1", "model.name_or_path=tiny", "model.tiny_preset=smoke"]
     return resolve_config(preset, overrides=overrides, smoke=True)
 
 

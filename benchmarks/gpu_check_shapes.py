@@ -1,0 +1,126 @@
+"""The model-shape sections of ``gpu_check.py``: scorer, generation and update at Qwen3-0.6B's shape
+(random weights, nothing downloaded), or at a small shape for a CPU dry run (``small=True``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from reference_scoring import QWEN3_0_6B, run_batched, small_model
+
+from tracerl.core.types import Action, Trajectory, Turn
+from tracerl.models.backend import HFPolicy, SamplingParams
+from tracerl.models.precision import compute_context
+from tracerl.train.update import UpdateSettings, policy_update
+
+GB = 2**30
+SMALL = dict(vocab=4096, hidden=128, layers=2)
+
+
+def _model(device: str, small: bool, dtype: torch.dtype | None = None) -> Any:
+    if small:
+        model = small_model(SMALL["vocab"], SMALL["hidden"], SMALL["layers"], device)
+    else:
+        model = small_model(QWEN3_0_6B["vocab_size"], 0, 0, device, preset="qwen3-0.6b")
+    return model if dtype is None else model.to(dtype=dtype)
+
+
+def _peak(device: str) -> float | None:
+    if not device.startswith("cuda"):
+        return None
+    torch.cuda.synchronize(device)
+    peak = round(torch.cuda.max_memory_allocated(device) / GB, 3)
+    torch.cuda.reset_peak_memory_stats(device)
+    return peak
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def check_scorer(device: str, small: bool) -> dict[str, Any]:
+    """Batched reference scoring of 64 trajectories x 512 tokens x 8 cuts (trees and chains) against
+    one plain batched forward over the same tokens; the goal is ``batched_ratio <= 1.25``."""
+    model = _model(device, small)  # bf16 weights on cuda: a frozen reference needs no master copy
+    _peak(device)
+    result = run_batched(model, 512, [64 * (i + 1) for i in range(8)], 16 if small else 64, 3, device)
+    result["peak_memory_gb"] = _peak(device)
+    result["ok"] = bool(result["batched_ratio"] > 0)
+    del model
+    return result
+
+
+def check_engine(device: str, small: bool) -> dict[str, Any]:
+    """Generated tokens per second of the HF backend over many chains (bf16 compute on cuda)."""
+    model = _model(device, small, torch.float32)
+    vocab = model.config.vocab_size
+    tokenizer = _NumberTokenizer(vocab)
+    policy = HFPolicy(model, tokenizer)
+    rows, new = (16, 16) if small else (128, 128)
+    g = torch.Generator().manual_seed(0)
+    prefixes = [torch.randint(3, vocab, (64,), generator=g).tolist() for _ in range(rows)]
+    params = SamplingParams(max_new_tokens=new, temperature=1.0)
+    dtype = "float32" if small else "bfloat16"
+    with compute_context(device, dtype):
+        policy.generate(prefixes[:2], SamplingParams(max_new_tokens=4), generator=g)  # warm-up
+        _peak(device)
+        _sync(device)
+        start = time.perf_counter()
+        gens = policy.generate(prefixes, params, generator=g)
+        _sync(device)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(x.token_ids) for x in gens)
+    return {"chains": rows, "max_new_tokens": new, "generated_tokens": tokens, "seconds": round(seconds, 3),
+            "generated_tokens_per_s": round(tokens / seconds, 1), "peak_memory_gb": _peak(device),
+            "ok": tokens > 0}
+
+
+def check_update(device: str, small: bool) -> dict[str, Any]:
+    """One optimiser step (fp32 master weights, bf16 compute, gradient checkpointing, chunked
+    log-probs) over 16 trajectories of 1,024 tokens in micro-batches of 8; parameters must move."""
+    model = _model(device, small, torch.float32)
+    if not small:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    vocab, (n, length) = model.config.vocab_size, ((4, 128) if small else (16, 1024))
+    g = torch.Generator().manual_seed(0)
+    trajs, advs = [], []
+    for i in range(n):
+        prompt = torch.randint(3, vocab, (length // 4,), generator=g).tolist()
+        answer = torch.randint(3, vocab, (length - len(prompt),), generator=g).tolist()
+        turn = Turn(assistant_ids=answer, observation_ids=[], text="", action=Action(kind="answer", answer="x"),
+                    logprobs=[-5.0] * len(answer))
+        trajs.append(Trajectory(task_id=f"t{i}", group_id="g", prompt_ids=prompt, turns=[turn]))
+        advs.append(torch.full((length,), 1.0 if i % 2 else -1.0))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    settings = UpdateSettings(micro_batch_size=8 if not small else 2, temperature=1.0, clip_low=0.2, clip_high=0.28,
+                              kl_coef=0.0, loss_agg="token-mean", grad_clip=1.0,
+                              dtype="float32" if small else "bfloat16")
+    before = {k: v.detach().clone() for k, v in list(model.named_parameters())[:4]}
+    _peak(device)
+    _sync(device)
+    start = time.perf_counter()
+    metrics = policy_update(model, optimizer, trajs, advs, settings, pad_id=0)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    moved = any(not torch.equal(before[k], p) for k, p in list(model.named_parameters())[:4])
+    return {"trajectories": n, "tokens_per_trajectory": length, "seconds": round(seconds, 3),
+            "loss": metrics["loss"], "params_changed": bool(moved), "peak_memory_gb": _peak(device),
+            "ok": bool(moved and metrics.get("nonfinite_skipped", 0.0) == 0.0)}
+
+
+class _NumberTokenizer:
+    """Just enough of a tokenizer for :class:`HFPolicy` on random ids (no stop strings used)."""
+
+    eos_token_id = 2
+    pad_token_id = 0
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+
+    def __len__(self) -> int:
+        return self.vocab
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return " ".join(str(i) for i in ids)
