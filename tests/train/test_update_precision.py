@@ -234,3 +234,18 @@ def test_update_on_cuda_with_low_precision_compute_and_a_kl_reference(dtype: str
     assert metrics["nonfinite_skipped"] == 0.0 and math.isfinite(metrics["kl"])
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert sum(int((p != q).sum()) for p, q in zip(model.parameters(), before)) > 0
+
+
+def test_a_loss_scale_overflow_is_the_scalers_skip_not_a_nonfinite_step() -> None:
+    """fp16 scaling: a finite loss whose scaled gradients overflow is skipped by the scaler (which
+    lowers its scale) and must not count towards optim.max_nonfinite_steps."""
+    model = _model()
+    trajs, advs = _batch(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127)  # scaled float32 gradients overflow to inf
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    metrics = policy_update(model, optimizer, trajs, advs, _settings(), pad_id=0, scaler=scaler)
+    assert math.isfinite(metrics["loss"]) and not math.isfinite(metrics["grad_norm"])
+    assert metrics["scaler_skipped"] == 1.0 and metrics["nonfinite_skipped"] == 0.0
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    assert scaler.get_scale() < 2.0**127  # the scaler backed off

@@ -147,7 +147,9 @@ def output_cache(out: Any) -> Any:
 def _cache_kwarg(model: Any) -> str:
     key = getattr(model, "_tracerl_cache_kwarg", None)
     if key is None:
-        params = inspect.signature(model.forward).parameters
+        # A peft wrapper forwards **kwargs: ask the model it wraps which keyword it takes.
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        params = inspect.signature(base.forward).parameters
         key = "cache" if "cache" in params else "past_key_values"
         try:
             model._tracerl_cache_kwarg = key

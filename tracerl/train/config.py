@@ -112,8 +112,11 @@ class LoraConfig:
         if self.r == 0:
             return
         _positive("model.lora", alpha=self.alpha)
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")
+        if self.dropout != 0.0:
+            # The update runs in train mode (gradient checkpointing needs it) and the rollouts in eval
+            # mode: adapter dropout would make the on-policy ratio differ from 1 and clip for nothing.
+            raise ConfigError(f"model.lora.dropout must be 0 (dropout in the update breaks the on-policy "
+                              f"ratio of PPO-style RL), got {self.dropout}")
         if not self.target_modules or not all(isinstance(m, str) and m for m in self.target_modules):
             raise ConfigError(f"model.lora.target_modules must be a non-empty list of module names, "
                               f"got {self.target_modules!r}")

@@ -159,7 +159,9 @@ class Trainer:
         self.model = _prepare_policy(self.model, cfg)
         needs_reference = cfg.algo.credit or cfg.optim.kl_coef > 0
         # The frozen reference needs no float32 master copy: keep it in the working precision.
-        ref_dtype = None if cfg.model.dtype == "float32" else DTYPES[cfg.model.dtype]
+        # float16 is different: autocast only keeps float32 weights' residual stream and norms out of
+        # float16, so a float16 reference would overflow on large activations; it stays float32.
+        ref_dtype = DTYPES["bfloat16"] if cfg.model.dtype == "bfloat16" else None
         self.reference = (ReferenceScorer(self.model, self.tokenizer, self.fmt, dtype=ref_dtype)
                           if needs_reference else None)
         verifier = get_verifier(cfg.data.verifier)
@@ -425,8 +427,8 @@ def _prepare_policy(model: Any, config: TrainConfig) -> Any:
         enable_gradient_checkpointing(model)
     lora = config.model.lora
     if lora.r > 0:
-        if config.model.dtype != "float32":  # the frozen base needs no float32 master copy
-            model.to(dtype=DTYPES[config.model.dtype])
+        if config.model.dtype == "bfloat16":  # the frozen base needs no float32 master copy (not float16:
+            model.to(dtype=torch.bfloat16)      # autocast protects only float32 weights from overflow)
         model = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
     return model
 

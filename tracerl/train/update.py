@@ -12,6 +12,7 @@ it, and log-softmax, log-probs and the loss are float32. Host syncs: one per opt
 
 from __future__ import annotations
 
+import math
 import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Sequence
@@ -200,7 +201,10 @@ def policy_update(
     params = trainable_parameters(model)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip) if params else torch.zeros((), device=device)
     loss_sum, kl_sum, clipped, tokens, norm = torch.cat([sums, grad_norm.detach().float().reshape(1).to(device)]).tolist()
-    finite = all(v == v and abs(v) != float("inf") for v in (loss_sum, norm))
+    finite = math.isfinite(loss_sum) and math.isfinite(norm)
+    # With a float16 loss scaler an inf gradient norm at a finite loss is an overflow of the scale:
+    # the scaler skips that step and lowers the scale. That is routine, not a non-finite step.
+    scaler_overflow = scaler is not None and math.isfinite(loss_sum) and not math.isfinite(norm)
     if finite:
         (scaler.step(optimizer) if scaler is not None else optimizer.step())
     else:
@@ -214,7 +218,8 @@ def policy_update(
         "clip_fraction": clipped / count,
         "grad_norm": norm,
         "trained_tokens": tokens,
-        "nonfinite_skipped": 0.0 if finite else 1.0,
+        "nonfinite_skipped": 0.0 if (finite or scaler_overflow) else 1.0,
+        "scaler_skipped": 1.0 if scaler_overflow else 0.0,
     }
 
 
