@@ -55,16 +55,22 @@ class RngState:
     numpy: dict[str, Any]
     torch: torch.Tensor
     sampling: torch.Tensor
+    cuda: list[torch.Tensor] | None = None
+    """Per-GPU default generator states when CUDA was initialised (dropout, CUDA-side sampling)."""
 
     @classmethod
     def capture(cls, sampling: torch.Generator) -> RngState:
-        return cls(random.getstate(), np.random.get_state(legacy=False), torch.get_rng_state(), sampling.get_state())
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        return cls(random.getstate(), np.random.get_state(legacy=False), torch.get_rng_state(), sampling.get_state(),
+                   cuda)
 
     def restore(self, sampling: torch.Generator) -> None:
         random.setstate(self.python)
         np.random.set_state(self.numpy)
         torch.set_rng_state(self.torch)
         sampling.set_state(self.sampling)
+        if self.cuda is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(self.cuda[: torch.cuda.device_count()])
 
     def to_dict(self) -> dict[str, Any]:
         version, internal, gauss = self.python
@@ -77,6 +83,7 @@ class RngState:
                       "gauss": float(self.numpy["gauss"])},
             "torch": self.torch.clone(),
             "sampling": self.sampling.clone(),
+            "cuda": [t.clone() for t in self.cuda] if self.cuda is not None else None,
         }
 
     @classmethod
@@ -85,7 +92,8 @@ class RngState:
         numpy_state = {"bit_generator": npy["bit_generator"],
                        "state": {"key": npy["key"].numpy().astype(np.uint32), "pos": npy["pos"]},
                        "has_gauss": npy["has_gauss"], "gauss": npy["gauss"]}
-        return cls((py["version"], tuple(py["state"]), py["gauss"]), numpy_state, data["torch"], data["sampling"])
+        return cls((py["version"], tuple(py["state"]), py["gauss"]), numpy_state, data["torch"], data["sampling"],
+                   data.get("cuda"))
 
 
 def first_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
