@@ -104,6 +104,36 @@ def env_check(
     summary = run_env_check(tasks, corpus, policy=policy, limit=limit, seed=seed)
     typer.echo(json.dumps(summary, indent=2))
 
+# --- data (convert raw QA files) -----------------------------------------------------------
+
+data_app = typer.Typer(help="Bring your own data: convert raw QA files to tracerl's JSONL.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+_ERRORS_SHOWN = 20
+
+
+@data_app.command("convert")
+@_guarded("data convert")
+def data_convert(
+    fmt: str = typer.Argument(..., metavar="FORMAT", help="hotpotqa, musique, 2wiki or search-r1."),
+    input_: str = typer.Option(..., "--input", help="Raw file in the data set's official format (json, jsonl, parquet)."),
+    out: str = typer.Option(..., "--out", help="Output folder for tasks.jsonl and corpus.jsonl."),
+    limit: int = typer.Option(None, "--limit", help="Keep the first N converted questions (and their paragraphs)."),
+    corpus: str = typer.Option(None, "--corpus", help="search-r1 only: corpus JSONL (id, title, text or id, contents)."),
+) -> None:
+    """Convert raw HotpotQA, MuSiQue, 2WikiMultihopQA or Search-R1 files; bad rows are skipped and listed."""
+    from tracerl.envs.convert import convert
+
+    _STATE["writing"] = out
+    report = convert(fmt, input_, out, limit=limit, corpus=corpus)
+    for line in report.errors[:_ERRORS_SHOWN]:
+        typer.echo(f"skipped {line}", err=True)
+    if len(report.errors) > _ERRORS_SHOWN:
+        typer.echo(f"... and {len(report.errors) - _ERRORS_SHOWN} more skipped rows", err=True)
+    where = ", ".join(str(p) for p in report.paths.values())
+    typer.echo(f"{report.tasks} tasks, {report.documents} documents, {len(report.errors)} skipped rows -> {where}")
+    if "corpus" not in report.paths:
+        typer.echo("note: no corpus written; give data.corpus (or --corpus) before training", err=True)
+
 # --- models (pretrain, eval) ----------------------------------------------------------------
 
 
