@@ -119,18 +119,22 @@ def data_convert(
     out: str = typer.Option(..., "--out", help="Output folder for tasks.jsonl and corpus.jsonl."),
     limit: int = typer.Option(None, "--limit", help="Keep the first N converted questions (and their paragraphs)."),
     corpus: str = typer.Option(None, "--corpus", help="search-r1 only: corpus JSONL (id, title, text or id, contents)."),
+    eval_input: str = typer.Option(None, "--eval-input",
+                                   help="Held-out raw file (e.g. dev) -> eval_tasks.jsonl, paragraphs in the same corpus."),
 ) -> None:
     """Convert raw HotpotQA, MuSiQue, 2WikiMultihopQA or Search-R1 files; bad rows are skipped and listed."""
     from tracerl.envs.convert import convert
 
     _STATE["writing"] = out
-    report = convert(fmt, input_, out, limit=limit, corpus=corpus)
+    report = convert(fmt, input_, out, limit=limit, corpus=corpus, eval_raw=eval_input)
     for line in report.errors[:_ERRORS_SHOWN]:
         typer.echo(f"skipped {line}", err=True)
     if len(report.errors) > _ERRORS_SHOWN:
         typer.echo(f"... and {len(report.errors) - _ERRORS_SHOWN} more skipped rows", err=True)
     where = ", ".join(str(p) for p in report.paths.values())
-    typer.echo(f"{report.tasks} tasks, {report.documents} documents, {len(report.errors)} skipped rows -> {where}")
+    held_out = f" + {report.eval_tasks} held-out" if eval_input else ""
+    typer.echo(f"{report.tasks} tasks{held_out}, {report.documents} documents, {len(report.errors)} skipped rows "
+               f"-> {where}")
     if "corpus" not in report.paths:
         typer.echo("note: no corpus written; give data.corpus (or --corpus) before training", err=True)
 

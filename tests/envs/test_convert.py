@@ -132,3 +132,26 @@ def test_cli_prints_counts_and_skipped_rows(tmp_path) -> None:
     assert bad.exit_code == 1
     assert bad.output.strip().splitlines()[-1].startswith("data convert failed: ")
     assert f"{raw}:1: field 'question'" in bad.output
+
+
+def test_eval_input_shares_one_corpus_and_loads_as_files_data(tmp_path) -> None:
+    from tracerl.train.config import resolve_config
+    from tracerl.train.data import check_task_files
+
+    lines = (RAW / "musique_dev_sample.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    (tmp_path / "train.jsonl").write_text("".join(lines[:60]), encoding="utf-8")
+    (tmp_path / "dev.jsonl").write_text("".join(lines[60:]), encoding="utf-8")
+    result = CliRunner().invoke(app, ["data", "convert", "musique", "--input", str(tmp_path / "train.jsonl"),
+                                      "--eval-input", str(tmp_path / "dev.jsonl"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "60 tasks + 40 held-out, " in result.output
+    out = tmp_path / "out"
+    rows = _raw_lines("musique_dev_sample.jsonl")
+    docs = load_corpus(out / "corpus.jsonl")
+    assert len(docs) == len({(p["title"], p["paragraph_text"]) for r in rows for p in r["paragraphs"]})
+    held_out = load_tasks(out / "eval_tasks.jsonl")
+    assert len(held_out) == 40 and {i for t in held_out for i in t.supporting_ids} <= {d.id for d in docs}
+    config = resolve_config("grpo", overrides=["data.source=files", f"data.tasks={out / 'tasks.jsonl'}",
+                                               f"data.corpus={out / 'corpus.jsonl'}",
+                                               f"data.eval_tasks={out / 'eval_tasks.jsonl'}"])
+    check_task_files(config.data)  # ids unique across the splits, every file well formed

@@ -74,6 +74,7 @@ class ConvertReport:
     errors: list[str]
     """One ``where: reason`` line per skipped row."""
     paths: dict[str, Path]
+    eval_tasks: int = 0
 
 
 # --- reading raw files ----------------------------------------------------------------------
@@ -311,12 +312,15 @@ def _read_corpus(path: Path, errors: list[str]) -> list[Document]:
 
 
 def convert(fmt: str, raw: str | Path, out: str | Path, limit: int | None = None,
-            corpus: str | Path | None = None) -> ConvertReport:
+            corpus: str | Path | None = None, eval_raw: str | Path | None = None) -> ConvertReport:
     """Convert ``raw`` (format ``fmt``) into ``out/tasks.jsonl`` (+ ``out/corpus.jsonl``).
 
-    ``limit`` keeps the first N converted questions (and only their paragraphs). ``corpus``
-    is read for ``search-r1`` only (the other formats carry their paragraphs). Raises
-    :class:`UserError` when no row converts (nothing is written then).
+    ``eval_raw`` (a held-out split, e.g. the dev file) goes to ``out/eval_tasks.jsonl`` with
+    its paragraphs in the same corpus, so one ``data.corpus`` serves both splits and document
+    ids never clash. ``limit`` keeps the first N converted questions of each file (and only
+    their paragraphs). ``corpus`` is read for ``search-r1`` only (the other formats carry
+    their paragraphs). Raises :class:`UserError` when no row of a file converts (nothing is
+    written then).
     """
     if fmt not in FORMATS:
         raise UserError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
@@ -324,22 +328,28 @@ def convert(fmt: str, raw: str | Path, out: str | Path, limit: int | None = None
         raise UserError(f"--limit must be >= 1, got {limit}")
     if corpus is not None and fmt != "search-r1":
         raise UserError(f"--corpus is for search-r1 only; {fmt} files carry their own paragraphs")
-    raw, out, errors = Path(raw), Path(out), []
+    out, errors = Path(out), []
     docs = Corpus(prefix=fmt.replace("-", ""))
-    if fmt == "search-r1":
-        tasks = _rows_to_tasks(raw_rows(raw), search_r1_task, limit, errors)
-        documents = _read_corpus(Path(corpus), errors) if corpus is not None else []
-    else:
-        make = musique_task if fmt == "musique" else context_task
-        tasks = _rows_to_tasks(raw_rows(raw), lambda row, _: make(row, docs), limit, errors, docs)
-        documents = docs.documents
-    if not tasks:
-        shown = "; ".join(errors[:3]) or "the file holds no rows"
-        raise UserError(f"{raw}: no row converted as {fmt} ({len(errors)} bad rows: {shown})")
-    paths = {"tasks": out / "tasks.jsonl"}
-    write_tasks(tasks, paths["tasks"])
+    splits: dict[str, list[Task]] = {}
+    for name, path in (("tasks", raw), ("eval_tasks", eval_raw)):
+        if path is None:
+            continue
+        if fmt == "search-r1":
+            tasks = _rows_to_tasks(raw_rows(Path(path)), search_r1_task, limit, errors)
+        else:
+            make = musique_task if fmt == "musique" else context_task
+            tasks = _rows_to_tasks(raw_rows(Path(path)), lambda row, _: make(row, docs), limit, errors, docs)
+        if not tasks:
+            shown = "; ".join(errors[:3]) or "the file holds no rows"
+            raise UserError(f"{path}: no row converted as {fmt} ({len(errors)} bad rows: {shown})")
+        splits[name] = tasks
+    documents = _read_corpus(Path(corpus), errors) if corpus is not None else docs.documents
+    paths = {}
+    for name, tasks in splits.items():
+        paths[name] = out / f"{name}.jsonl"
+        write_tasks(tasks, paths[name])
     if documents:
         paths["corpus"] = out / "corpus.jsonl"
         write_corpus(documents, paths["corpus"])
-    return ConvertReport(tasks=len(tasks), documents=len(documents), errors=errors, paths=paths)
-
+    return ConvertReport(tasks=len(splits["tasks"]), documents=len(documents), errors=errors, paths=paths,
+                         eval_tasks=len(splits.get("eval_tasks", [])))

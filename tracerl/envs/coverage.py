@@ -58,8 +58,10 @@ def _has_unk(tokenizer: Any, text: str) -> bool:
 
 
 def _unencodable(tokenizer: Any, answer: str) -> bool:
+    """No tokens, or none but ``<unk>`` and whitespace (a word-level tokenizer keeps the spaces)."""
     ids, unk = _encode(tokenizer, answer), getattr(tokenizer, "unk_token_id", None)
-    return not ids or (unk is not None and all(i == unk for i in ids))
+    known = [i for i in ids if i != unk]
+    return not ids or (len(known) < len(ids) and not tokenizer.decode(known).strip())
 
 
 def tokenizer_coverage(tokenizer: Any, tasks: Sequence[Task], documents: Sequence[Document],
