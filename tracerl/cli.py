@@ -90,13 +90,18 @@ def world_build(
 @app.command("env-check")
 @_guarded("env-check")
 def env_check(
-    tasks: str = typer.Option(..., help="Tasks JSONL (id, question, answers, supporting_titles)."),
+    tasks: str = typer.Option(..., help="Tasks JSONL (id, question, answers, supporting_titles/supporting_ids)."),
     corpus: str = typer.Option(..., help="Corpus JSONL (id, title, text)."),
-    policy: str = typer.Option("oracle", help="oracle (search each supporting title, answer gold) or random."),
+    policy: str = typer.Option("oracle", help="oracle (search each gold paragraph's title, open it by id if missed, "
+                                              "answer gold) or random."),
     limit: int = typer.Option(None, help="Check only the first N tasks."),
     seed: int = typer.Option(0, help="Seed of the random policy."),
 ) -> None:
-    """Run a scripted policy through the real environment and print a JSON summary."""
+    """Run a scripted policy through the real environment and print a JSON summary.
+
+    The oracle reports answer_reachability (gold answer present in what it read),
+    evidence_hit_rate and retrieval_hit_rate; not its own success, which it cannot fail.
+    """
     import json
 
     from tracerl.envs.check import run_env_check
