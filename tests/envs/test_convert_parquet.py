@@ -66,3 +66,19 @@ def test_search_r1_parquet_converts_like_its_jsonl(tmp_path) -> None:
     b = convert("search-r1", RAW / "search_r1_sample.jsonl", tmp_path / "b")
     assert a.tasks == b.tasks == 5 and a.errors == b.errors == []
     assert load_tasks(tmp_path / "a" / "tasks.jsonl") == load_tasks(tmp_path / "b" / "tasks.jsonl")
+
+
+def test_train_with_parquet_and_no_extra_ends_in_one_line_and_no_run_folder(tmp_path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from tracerl.cli import app
+
+    monkeypatch.setattr("tracerl.train.config.parquet_available", lambda: False)
+    tasks = tmp_path / "tasks.parquet"
+    tasks.write_bytes(b"PAR1")
+    result = CliRunner().invoke(app, ["train", "grpo", "--smoke", "--out", str(tmp_path / "run"),
+                                      "--set", "data.source=files", "--set", f"data.tasks={tasks}",
+                                      "--set", f"data.corpus={HOTPOT / 'corpus.jsonl'}"])
+    assert result.exit_code != 0 and not (tmp_path / "run").exists()
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train failed: ") and "tracerl[datasets]" in lines[0]
