@@ -25,7 +25,7 @@ test: install
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
 	$(MAKE) test-extras
 
-# Optional extras (LoRA through peft) in an environment of their own, so the default .venv and the
+# Optional extras (LoRA through peft, parquet through pyarrow) in an environment of their own, so the default .venv and the
 # default test run never see them. `make test-extras` builds .venv-extras once, then runs the
 # tests marked `extras`.
 EXTRAS_VENV ?= .venv-extras
@@ -34,7 +34,7 @@ EXTRAS_PY := $(EXTRAS_VENV)/bin/python
 $(EXTRAS_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(EXTRAS_VENV)
 	$(EXTRAS_PY) -c "import torch" 2>/dev/null || $(EXTRAS_PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(EXTRAS_PY) -m pip install --quiet -e ".[dev,lora]"
+	$(EXTRAS_PY) -m pip install --quiet -e ".[dev,lora,datasets]"
 	touch $@
 
 test-extras: $(EXTRAS_VENV)/.installed

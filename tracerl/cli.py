@@ -90,19 +90,58 @@ def world_build(
 @app.command("env-check")
 @_guarded("env-check")
 def env_check(
-    tasks: str = typer.Option(..., help="Tasks JSONL (id, question, answers, supporting_titles)."),
+    tasks: str = typer.Option(..., help="Tasks JSONL (id, question, answers, supporting_titles/supporting_ids)."),
     corpus: str = typer.Option(..., help="Corpus JSONL (id, title, text)."),
-    policy: str = typer.Option("oracle", help="oracle (search each supporting title, answer gold) or random."),
+    policy: str = typer.Option("oracle", help="oracle (search each gold paragraph's title, open it by id if missed, "
+                                              "answer gold) or random."),
     limit: int = typer.Option(None, help="Check only the first N tasks."),
     seed: int = typer.Option(0, help="Seed of the random policy."),
 ) -> None:
-    """Run a scripted policy through the real environment and print a JSON summary."""
+    """Run a scripted policy through the real environment and print a JSON summary.
+
+    The oracle reports answer_reachability (gold answer present in what it read),
+    evidence_hit_rate and retrieval_hit_rate; not its own success, which it cannot fail.
+    """
     import json
 
     from tracerl.envs.check import run_env_check
 
     summary = run_env_check(tasks, corpus, policy=policy, limit=limit, seed=seed)
     typer.echo(json.dumps(summary, indent=2))
+
+# --- data (convert raw QA files) -----------------------------------------------------------
+
+data_app = typer.Typer(help="Bring your own data: convert raw QA files to tracerl's JSONL.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+_ERRORS_SHOWN = 20
+
+
+@data_app.command("convert")
+@_guarded("data convert")
+def data_convert(
+    fmt: str = typer.Argument(..., metavar="FORMAT", help="hotpotqa, musique, 2wiki or search-r1."),
+    input_: str = typer.Option(..., "--input", help="Raw file in the data set's official format (json, jsonl, parquet)."),
+    out: str = typer.Option(..., "--out", help="Output folder for tasks.jsonl and corpus.jsonl."),
+    limit: int = typer.Option(None, "--limit", help="Keep the first N converted questions (and their paragraphs)."),
+    corpus: str = typer.Option(None, "--corpus", help="search-r1 only: corpus JSONL (id, title, text or id, contents)."),
+    eval_input: str = typer.Option(None, "--eval-input",
+                                   help="Held-out raw file (e.g. dev) -> eval_tasks.jsonl, paragraphs in the same corpus."),
+) -> None:
+    """Convert raw HotpotQA, MuSiQue, 2WikiMultihopQA or Search-R1 files; bad rows are skipped and listed."""
+    from tracerl.envs.convert import convert
+
+    _STATE["writing"] = out
+    report = convert(fmt, input_, out, limit=limit, corpus=corpus, eval_raw=eval_input)
+    for line in report.errors[:_ERRORS_SHOWN]:
+        typer.echo(f"skipped {line}", err=True)
+    if len(report.errors) > _ERRORS_SHOWN:
+        typer.echo(f"... and {len(report.errors) - _ERRORS_SHOWN} more skipped rows", err=True)
+    where = ", ".join(str(p) for p in report.paths.values())
+    held_out = f" + {report.eval_tasks} held-out" if eval_input else ""
+    typer.echo(f"{report.tasks} tasks{held_out}, {report.documents} documents, {len(report.errors)} skipped rows "
+               f"-> {where}")
+    if "corpus" not in report.paths:
+        typer.echo("note: no corpus written; give data.corpus (or --corpus) before training", err=True)
 
 # --- models (pretrain, eval) ----------------------------------------------------------------
 

@@ -17,8 +17,9 @@ def test_oracle_on_synthwiki_finds_every_chain(tmp_path, small_world) -> None:
     summary = run_env_check(paths["test"], paths["corpus"])
     hops = [t.hops for t in small_world.test]
     assert summary["tasks"] == len(small_world.test) == 20
-    assert summary["success_rate"] == 1.0 and summary["retrieval_hit_rate"] == 1.0
-    assert summary["answer_found_rate"] == 1.0
+    assert "success_rate" not in summary  # the oracle answers gold: its success would say nothing
+    assert summary["retrieval_hit_rate"] == summary["evidence_hit_rate"] == 1.0
+    assert summary["answer_reachability"] == 1.0
     assert summary["mean_turns"] == pytest.approx(sum(h + 1 for h in hops) / len(hops))  # k searches + answer
     assert summary["errors"] == 0 and summary["infra_failures"] == 0
 
@@ -26,15 +27,17 @@ def test_oracle_on_synthwiki_finds_every_chain(tmp_path, small_world) -> None:
 def test_random_policy_runs_without_crashing(tmp_path, small_world) -> None:
     paths = write_world(small_world, tmp_path / "w")
     summary = run_env_check(paths["train"], paths["corpus"], policy="random", limit=30, seed=3)
-    assert summary["tasks"] == 30 and summary["retrieval_hit_rate"] is None
+    assert summary["tasks"] == 30 and summary["retrieval_hit_rate"] is None and summary["evidence_hit_rate"] is None
+    assert 0.0 <= summary["success_rate"] <= 1.0
     assert 1 <= summary["mean_turns"] <= 8 and summary["errors"] > 0
 
 
 def test_oracle_on_hotpotqa_sample(hotpotqa_dir) -> None:
     summary = run_env_check(hotpotqa_dir / "tasks.jsonl", hotpotqa_dir / "corpus.jsonl")
     assert summary["tasks"] == 50 and summary["missing_supporting_titles"] == 0
-    assert summary["success_rate"] == 1.0 and summary["errors"] == 0
-    assert summary["retrieval_hit_rate"] >= 0.9 and summary["mean_turns"] == 3.0
+    assert summary["errors"] == 0 and summary["evidence_hit_rate"] == 1.0
+    assert summary["retrieval_hit_rate"] >= 0.9 and 3.0 <= summary["mean_turns"] <= 5.0
+    assert summary["answer_reachability"] >= 0.9
 
 
 def test_hotpotqa_sample_is_self_contained(hotpotqa_dir) -> None:
@@ -64,7 +67,7 @@ def test_cli_world_build_and_env_check(tmp_path) -> None:
     result = runner.invoke(app, ["env-check", "--tasks", str(tmp_path / "a" / "test.jsonl"),
                                  "--corpus", str(tmp_path / "a" / "corpus.jsonl"), "--limit", "5"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["success_rate"] == 1.0
+    assert json.loads(result.output)["answer_reachability"] == 1.0
 
 
 def test_cli_env_check_names_bad_data(tmp_path) -> None:

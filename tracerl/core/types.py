@@ -27,6 +27,8 @@ class Task:
     answers: tuple[str, ...]
     supporting_titles: tuple[str, ...] = ()
     hops: int | None = None
+    supporting_ids: tuple[str, ...] = ()
+    """Corpus ids of the gold paragraphs, where the source marks them (titles may repeat)."""
 
     def __post_init__(self) -> None:
         if not self.answers:

@@ -1,32 +1,65 @@
 """``tracerl env-check``: run a scripted policy through the real environment and summarise.
 
-The oracle searches each supporting title in order, then answers the gold answer: its
-retrieval hit rate says whether the search tool can find the chain at all, and its
-answer-found rate whether the gold answer is visible in what it read. The random policy
-writes random (often malformed) react text, which checks that nothing crashes.
+The oracle looks up each gold paragraph the way a policy would: it searches the paragraph's
+title and, when the search does not return that paragraph (titles repeat, or ranking misses
+it), opens it by id (``supporting_ids``) or by title (``supporting_titles`` only). A task
+with neither searches its question once. It then answers the gold answer, so its own
+success says nothing and is not reported; what it measures is whether the data and the
+tools make the task solvable:
+
+- ``retrieval_hit_rate``: share of gold paragraphs the title search returns by itself;
+- ``evidence_hit_rate``: share of gold paragraphs the oracle read at all (search or open);
+- ``answer_reachability``: share of tasks whose gold answer (any alias, normalised) occurs
+  in the observations the oracle read. A task file whose corpus lacks the evidence (e.g.
+  Bamboogle questions over an unrelated corpus) shows a low value here.
+
+The random policy writes random (often malformed) react text, which checks that nothing
+crashes; for it ``success_rate`` (random answers scored by exact match) is reported.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tracerl.agent.formats import ReactFormat
 from tracerl.core.types import Action, Task
-from tracerl.envs.base import EnvConfig, Observation, ToolEnvironment, ToolEpisode
-from tracerl.envs.data import load_corpus, load_tasks
+from tracerl.envs.base import EnvConfig, ToolEnvironment, ToolEpisode
+from tracerl.envs.data import Document, load_corpus, load_tasks
 from tracerl.envs.search import SearchIndex, search_environment
 from tracerl.envs.verifiers import exact_match, normalize_answer
 
 POLICIES = ("oracle", "random")
 
 
+@dataclass
+class OracleTrace:
+    """What the oracle looked for and what it read, by document id."""
+
+    wanted: list[frozenset[str]] = field(default_factory=list)
+    """Per gold reference found in the corpus, the ids that satisfy it (one id, or every
+    document carrying the title when the task has no ``supporting_ids``)."""
+    searched: set[str] = field(default_factory=set)
+    """Ids returned by the oracle's searches."""
+    opened: set[str] = field(default_factory=set)
+    """Ids the oracle opened (after a search missed)."""
+
+
+def _gold_documents(task: Task, index: SearchIndex) -> list[list[Document]]:
+    """Per gold reference, the documents it may be: one by id, or every document with the title."""
+    if task.supporting_ids:
+        return [[doc] for doc in map(index.get, task.supporting_ids) if doc is not None]
+    return [docs for docs in map(index.resolve, task.supporting_titles) if docs]
+
+
 def oracle_episode(env: ToolEnvironment, task: Task) -> ToolEpisode:
     """Search each supporting title in order, then answer the gold answer.
 
-    The finished episode's ``history`` holds the (action, observation) steps, which
-    ``AgentFormat.render_episode`` turns into a demonstration text (pretraining data).
+    Used for pretraining demonstrations on SynthWiki (unique titles): the finished episode's
+    ``history`` holds the (action, observation) steps, which ``AgentFormat.render_episode``
+    turns into a demonstration text.
     """
     episode = env.start(task)
     for title in task.supporting_titles:
@@ -36,11 +69,35 @@ def oracle_episode(env: ToolEnvironment, task: Task) -> ToolEpisode:
     return episode
 
 
-def _hits(episode: ToolEpisode) -> tuple[int, int]:
-    """(searches, searches whose results hold the searched title as a 'title:' line)."""
-    searches = [(a.arguments["query"], o.text) for a, o in episode.history if a.kind == "tool"]
-    hits = sum(any(line.startswith(f"{q}:") for line in text.split("\n")) for q, text in searches)
-    return len(searches), hits
+def oracle_check_episode(env: ToolEnvironment, task: Task, index: SearchIndex,
+                         top_k: int) -> tuple[ToolEpisode, OracleTrace]:
+    """env-check's oracle: per gold paragraph, search its title and open it if the search missed.
+
+    It opens by id when the task has ``supporting_ids`` (titles may repeat), else by title (an
+    ambiguous title then opens nothing: ``open`` lists the candidates). A task with no gold
+    references searches its question once. ``index`` must be the one behind ``env``'s tools.
+    """
+    episode, trace = env.start(task), OracleTrace()
+    golds = _gold_documents(task, index)
+    queries = [docs[0].title for docs in golds] or [task.question]
+    for i, query in enumerate(queries):
+        trace.searched |= {d.id for d in index.search(query, top_k)}  # what the search tool shows
+        if episode.step(Action(kind="tool", name="search", arguments={"query": query})).done:
+            return episode, trace
+        if i >= len(golds):
+            continue
+        ids = frozenset(d.id for d in golds[i])
+        trace.wanted.append(ids)
+        if trace.searched & ids:
+            continue
+        ref = golds[i][0].id if task.supporting_ids else golds[i][0].title
+        opened = index.open(ref)
+        if opened is not None:
+            trace.opened.add(opened.id)
+        if episode.step(Action(kind="tool", name="open", arguments={"title": ref})).done:
+            return episode, trace
+    episode.step(Action(kind="answer", answer=task.gold))
+    return episode, trace
 
 
 def _random_text(rng: random.Random, task: Task, titles: list[str]) -> str:
@@ -59,11 +116,24 @@ def _random_text(rng: random.Random, task: Task, titles: list[str]) -> str:
     return "".join(rng.choices("ab[]:\n {}\"", k=rng.randint(0, 20)))
 
 
+def answer_reachable(task: Task, episode: ToolEpisode) -> bool:
+    """Whether any gold alias, normalised, occurs in the normalised observations of ``episode``."""
+    seen = f" {normalize_answer(' '.join(obs.text for _, obs in episode.history))} "
+    return any(f" {normalize_answer(a)} " in seen for a in task.answers if normalize_answer(a))
+
+
+def _missing(tasks: list[Task], index: SearchIndex) -> dict[str, int]:
+    return {"missing_supporting_titles": sum(not index.resolve(t) for task in tasks for t in task.supporting_titles),
+            "missing_supporting_ids": sum(index.get(i) is None for task in tasks for i in task.supporting_ids),
+            "tasks_without_supporting_refs": sum(not (t.supporting_ids or t.supporting_titles) for t in tasks)}
+
+
 def run_env_check(tasks_path: str | Path, corpus_path: str | Path, policy: str = "oracle",
                   limit: int | None = None, seed: int = 0, cache_dir: str | Path | None = None,
                   top_k: int = 3, max_turns: int = 8, tool_timeout_s: float | None = 30.0) -> dict[str, Any]:
-    """Summary: tasks, success_rate, retrieval_hit_rate, answer_found_rate, mean_turns, errors.
+    """Summary: tasks, answer_reachability, evidence_hit_rate, retrieval_hit_rate, mean_turns, errors.
 
+    Rates with nothing to count (no gold references; the random policy's evidence) are None.
     An empty tasks or corpus file is an error (``load_tasks``/``load_corpus``), not a summary of
     zero tasks; a tool call running past ``tool_timeout_s`` is counted as an infra failure.
     """
@@ -75,38 +145,36 @@ def run_env_check(tasks_path: str | Path, corpus_path: str | Path, policy: str =
     documents = load_corpus(corpus_path)
     index = SearchIndex(documents, cache_dir=cache_dir)
     env = search_environment(index, top_k, EnvConfig(max_turns=max_turns), tool_timeout_s)  # training's factory and limits
-    tools = env.tools
     fmt, rng = ReactFormat(), random.Random(seed)
     titles = [d.title for d in documents]
-    known = set(titles)
-    totals = {"success": 0.0, "searches": 0, "hits": 0, "found": 0, "turns": 0, "errors": 0, "infra": 0}
-    missing = sum(t not in known for task in tasks for t in task.supporting_titles)
+    totals = {"success": 0.0, "wanted": 0, "searched": 0, "read": 0, "reachable": 0, "turns": 0, "errors": 0,
+              "infra": 0}
     for task in tasks:
         if policy == "oracle":
-            episode = oracle_episode(env, task)
-            searches, hits = _hits(episode)
-            totals["searches"] += searches
-            totals["hits"] += hits
+            episode, trace = oracle_check_episode(env, task, index, top_k)
+            read = trace.searched | trace.opened
+            totals["wanted"] += len(trace.wanted)
+            totals["searched"] += sum(bool(ids & trace.searched) for ids in trace.wanted)
+            totals["read"] += sum(bool(ids & read) for ids in trace.wanted)
         else:
             episode = env.start(task)
             while not episode.done:
-                episode.step(fmt.parse(_random_text(rng, task, titles), tools))
-        observations: list[Observation] = [obs for _, obs in episode.history]
-        seen = normalize_answer(" ".join(o.text for o in observations))
-        totals["found"] += normalize_answer(task.gold) in seen
-        totals["success"] += exact_match(episode.answer, task) if episode.answer is not None else 0.0
+                episode.step(fmt.parse(_random_text(rng, task, titles), env.tools))
+            totals["success"] += exact_match(episode.answer, task) if episode.answer is not None else 0.0
+        totals["reachable"] += answer_reachable(task, episode)
         totals["turns"] += episode.turns_taken
-        totals["errors"] += sum(o.error for o in observations)
+        totals["errors"] += sum(obs.error for _, obs in episode.history)
         totals["infra"] += episode.infra_failed
-    n = max(len(tasks), 1)
-    return {
+    n, wanted = max(len(tasks), 1), totals["wanted"]
+    summary: dict[str, Any] = {
         "policy": policy,
         "tasks": len(tasks),
-        "success_rate": totals["success"] / n,
-        "retrieval_hit_rate": totals["hits"] / totals["searches"] if totals["searches"] else None,
-        "answer_found_rate": totals["found"] / n,
-        "mean_turns": totals["turns"] / n,
-        "errors": totals["errors"],
-        "infra_failures": totals["infra"],
-        "missing_supporting_titles": missing,
+        "answer_reachability": totals["reachable"] / n,
+        "evidence_hit_rate": totals["read"] / wanted if wanted else None,
+        "retrieval_hit_rate": totals["searched"] / wanted if wanted else None,
     }
+    if policy == "random":
+        summary["success_rate"] = totals["success"] / n
+    summary.update(mean_turns=totals["turns"] / n, errors=totals["errors"], infra_failures=totals["infra"],
+                   repeated_titles=index.repeated_titles, **_missing(tasks, index))
+    return summary

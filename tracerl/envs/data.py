@@ -1,7 +1,8 @@
 """Task and corpus files: one JSONL format shared by SynthWiki and real data sets.
 
-Tasks: ``{"id", "question", "answers": [...], "supporting_titles"?: [...], "hops"?: int}``
-(extra fields such as HotpotQA's ``supporting_ids`` are ignored). Corpus:
+Tasks: ``{"id", "question", "answers": [...], "supporting_titles"?: [...], "supporting_ids"?: [...],
+"hops"?: int}`` (other fields, such as ``type``, are ignored). ``supporting_ids`` name the gold
+paragraphs by corpus id, which is what addresses them when titles repeat (MuSiQue). Corpus:
 ``{"id", "title", "text"}``, UTF-8. Bad data fails with a :class:`UserError` naming the file,
 the line and the field, so a broken data set is found before a training run starts; a file
 with no records is an error too (an empty task list cannot be trained or checked).
@@ -9,6 +10,7 @@ with no records is an error too (an empty task list cannot be trained or checked
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -28,12 +30,29 @@ class Document:
     text: str
 
 
-def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (line number, JSON object) for each non-blank line.
+PARQUET_MISSING = ("reading .parquet files needs pyarrow: pip install 'tracerl[datasets]' "
+                   "(or convert the file to .jsonl)")
 
-    Lines are decoded one by one, so bytes that are not UTF-8 are reported with their line
-    (a text-mode read fails somewhere in a buffer, naming neither file nor line).
+
+def parquet_available() -> bool:
+    """Whether the optional ``datasets`` extra (pyarrow) is installed; nothing is imported."""
+    return importlib.util.find_spec("pyarrow") is not None
+
+
+def _records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield (``file:line`` or ``file[row]``, JSON object) for each record of ``path``.
+
+    ``.parquet`` (one row a record, through pyarrow) and ``.json`` (one list of objects) are
+    read whole; anything else is JSONL, decoded line by line so that bytes which are not UTF-8
+    are reported with their line (a text-mode read fails somewhere in a buffer, naming neither
+    file nor line).
     """
+    if path.suffix == ".parquet":
+        yield from _parquet_records(path)
+        return
+    if path.suffix == ".json":
+        yield from _json_list_records(path)
+        return
     with open(path, "rb") as handle:
         for lineno, raw in enumerate(handle, start=1):
             try:  # utf-8-sig on line 1 drops a byte-order mark some editors write
@@ -49,7 +68,44 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
             if not isinstance(record, dict):
                 raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
-            yield lineno, record
+            yield f"{path}:{lineno}", record
+
+
+def _json_list_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not valid UTF-8; save the file as UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    if not isinstance(data, list):
+        raise UserError(f"{path}: a .json data file must hold a list of objects, got {type(data).__name__}; "
+                        "write one object per line as .jsonl otherwise")
+    for index, record in enumerate(data):
+        if not isinstance(record, dict):
+            raise UserError(f"{path}[{index}]: expected a JSON object, got {type(record).__name__}")
+        yield f"{path}[{index}]", record
+
+
+def _parquet_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Rows of a parquet file as plain Python objects (pyarrow: the optional ``datasets`` extra)."""
+    if not parquet_available():
+        raise UserError(f"{path}: {PARQUET_MISSING}")
+    import pyarrow.parquet as pq  # optional extra: imported only for a .parquet file
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise UserError(f"{path}: not a readable parquet file ({exc})") from None
+    for index, record in enumerate(rows):
+        yield f"{path}[{index}]", record
+
+
+def _position(where: str) -> str:
+    """``line 3`` for ``file:3``, ``row 3`` for ``file[3]`` (to name the first of two repeated ids)."""
+    if where.endswith("]"):
+        return "row " + where[where.rindex("[") + 1:-1]
+    return "line " + where[where.rindex(":") + 1:]
 
 
 def _not_empty(items: list[Any], path: Path, what: str) -> None:
@@ -82,44 +138,43 @@ def _task(record: dict[str, Any], where: str) -> Task:
     if not answers or not all(a.strip() for a in answers):
         raise UserError(f"{where}: field 'answers' must hold at least one non-empty alias")
     titles = _field(record, "supporting_titles", list, where, required=False) or []
+    ids = _field(record, "supporting_ids", list, where, required=False) or []
     hops = _field(record, "hops", int, where, required=False)
     if hops is not None and hops < 1:
         raise UserError(f"{where}: field 'hops' must be >= 1, got {hops}")
     return Task(id=task_id, question=question, answers=tuple(answers),
-                supporting_titles=tuple(titles), hops=hops)
+                supporting_titles=tuple(titles), hops=hops, supporting_ids=tuple(ids))
 
 
 def load_tasks(path: str | Path) -> list[Task]:
-    """Read a tasks JSONL file; ids must be unique."""
+    """Read a tasks file (``.jsonl``, ``.json`` list or ``.parquet``); ids must be unique."""
     path = Path(path)
     tasks: list[Task] = []
-    seen: dict[str, int] = {}
-    for lineno, record in _records(path):
-        where = f"{path}:{lineno}"
+    seen: dict[str, str] = {}
+    for where, record in _records(path):
         task = _task(record, where)
         if task.id in seen:
-            raise UserError(f"{where}: field 'id' {task.id!r} repeats line {seen[task.id]}")
-        seen[task.id] = lineno
+            raise UserError(f"{where}: field 'id' {task.id!r} repeats {seen[task.id]}")
+        seen[task.id] = _position(where)
         tasks.append(task)
     _not_empty(tasks, path, "tasks")
     return tasks
 
 
 def load_corpus(path: str | Path) -> list[Document]:
-    """Read a corpus JSONL file; ids must be unique."""
+    """Read a corpus file (``.jsonl``, ``.json`` list or ``.parquet``); ids must be unique."""
     path = Path(path)
     docs: list[Document] = []
-    seen: dict[str, int] = {}
-    for lineno, record in _records(path):
-        where = f"{path}:{lineno}"
+    seen: dict[str, str] = {}
+    for where, record in _records(path):
         doc = Document(
             id=_field(record, "id", str, where),
             title=_field(record, "title", str, where),
             text=_field(record, "text", str, where),
         )
         if doc.id in seen:
-            raise UserError(f"{where}: field 'id' {doc.id!r} repeats line {seen[doc.id]}")
-        seen[doc.id] = lineno
+            raise UserError(f"{where}: field 'id' {doc.id!r} repeats {seen[doc.id]}")
+        seen[doc.id] = _position(where)
         docs.append(doc)
     _not_empty(docs, path, "documents")
     return docs
@@ -130,6 +185,8 @@ def task_record(task: Task) -> dict[str, Any]:
     record: dict[str, Any] = {"id": task.id, "question": task.question, "answers": list(task.answers)}
     if task.supporting_titles:
         record["supporting_titles"] = list(task.supporting_titles)
+    if task.supporting_ids:
+        record["supporting_ids"] = list(task.supporting_ids)
     if task.hops is not None:
         record["hops"] = task.hops
     return record

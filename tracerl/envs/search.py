@@ -4,6 +4,13 @@ The index is built once per corpus (hash of every id, title and text plus the sc
 parameters) and stored under ``cache_dir`` (default ``$XDG_CACHE_HOME/tracerl/bm25``), so
 the many environments of a training run share it. Ranking is deterministic: documents with
 equal scores are ordered by corpus position.
+
+Documents are addressed by id: ``open`` takes an id or a title. Titles may repeat (MuSiQue
+has several paragraphs per Wikipedia page), so an ambiguous title lists the matching ids
+with a preview instead of silently opening the first one, and where titles repeat the
+search results show each document's id (``Title [id]: text``) so the policy can open it.
+Corpora with unique titles (SynthWiki) keep the plain ``Title: text`` rendering the
+embedded tiny model was pretrained on.
 """
 
 from __future__ import annotations
@@ -59,11 +66,14 @@ class SearchIndex:
             raise ValueError("SearchIndex needs at least one document")
         self.documents = list(documents)
         self.key = corpus_hash(self.documents, k1, b)
-        self._by_title: dict[str, Document] = {}
-        self._by_folded: dict[str, Document] = {}
-        for doc in self.documents:  # the first document with a title wins, as in the corpus order
-            self._by_title.setdefault(doc.title, doc)
-            self._by_folded.setdefault(doc.title.casefold().strip(), doc)
+        self._by_id: dict[str, Document] = {d.id: d for d in self.documents}
+        self._by_title: dict[str, list[Document]] = {}
+        self._by_folded: dict[str, list[Document]] = {}
+        for doc in self.documents:  # corpus order within a title
+            self._by_title.setdefault(doc.title, []).append(doc)
+            self._by_folded.setdefault(doc.title.casefold().strip(), []).append(doc)
+        self.repeated_titles = any(len(docs) > 1 for docs in self._by_title.values())
+        """Whether some title names several documents (then only ids address them)."""
         self.cache_path: Path | None = None
         if use_cache:
             self.cache_path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -117,33 +127,63 @@ class SearchIndex:
         order = positive[np.lexsort((positive, -scores[positive]))][:k]
         return [self.documents[i] for i in order]
 
-    def open(self, title: str) -> Document | None:
-        """Exact title lookup, then a case- and space-insensitive one."""
-        return self._by_title.get(title) or self._by_folded.get(title.casefold().strip())
+    def resolve(self, ref: str) -> list[Document]:
+        """Documents ``ref`` names: the one with that id, else all with that exact title, else
+        all with that title up to case and surrounding space (corpus order)."""
+        if ref in self._by_id:
+            return [self._by_id[ref]]
+        return self._by_title.get(ref) or self._by_folded.get(ref.casefold().strip()) or []
+
+    def open(self, ref: str) -> Document | None:
+        """The document ``ref`` names when it names exactly one, else None."""
+        found = self.resolve(ref)
+        return found[0] if len(found) == 1 else None
+
+    def get(self, doc_id: str) -> Document | None:
+        """The document with this id, or None."""
+        return self._by_id.get(doc_id)
 
 
-def render_document(doc: Document, max_tokens: int) -> str:
-    return truncate_words(f"{doc.title}: {doc.text}", max_tokens)
+def render_document(doc: Document, max_tokens: int, show_id: bool = False) -> str:
+    """``Title: text`` (``Title [id]: text`` with ``show_id``), cut to ``max_tokens`` words."""
+    head = f"{doc.title} [{doc.id}]" if show_id else doc.title
+    return truncate_words(f"{head}: {doc.text}", max_tokens)
 
 
-def search_tools(index: SearchIndex, top_k: int = 3, max_tokens: int = 100) -> ToolSet:
-    """``search(query)`` and ``open(title)`` over ``index``; ``max_tokens`` caps each document."""
+def render_choices(title: str, docs: list[Document], preview_words: int = 12) -> str:
+    """What ``open`` answers for an ambiguous title: one ``[id] preview`` line per match."""
+    lines = [f"{len(docs)} documents are titled {title}; open one by id:"]
+    lines += [truncate_words(f"[{d.id}] {d.text}", preview_words) for d in docs]
+    return "\n".join(lines)
+
+
+def search_tools(index: SearchIndex, top_k: int = 3, max_tokens: int = 100,
+                 show_ids: bool | None = None) -> ToolSet:
+    """``search(query)`` and ``open(title)`` over ``index``; ``max_tokens`` caps each document.
+
+    ``show_ids`` (default: when titles repeat) adds each document's id to what the tools show.
+    """
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    with_ids = index.repeated_titles if show_ids is None else show_ids
 
     def search(query: str) -> str:
         """Search the corpus; returns the best matching documents as 'title: text' lines."""
         hits = index.search(query, top_k)
         if not hits:
             return "No results."
-        return "\n".join(render_document(d, max_tokens) for d in hits)
+        return "\n".join(render_document(d, max_tokens, with_ids) for d in hits)
 
     def open(title: str) -> str:  # noqa: A001 - the tool is called open in the action grammar
-        """Open the document with this exact title."""
-        doc = index.open(title)
-        return render_document(doc, max_tokens) if doc else f"No document titled {title}."
+        """Open a document by its id, or by its title when only one document has that title."""
+        docs = index.resolve(title)
+        if not docs:
+            return f"No document titled {title}."
+        if len(docs) > 1:
+            return render_choices(title, docs)
+        return render_document(docs[0], max_tokens, with_ids)
 
     return ToolSet([search, open])
 

@@ -16,6 +16,7 @@ import yaml
 from tracerl.allocation.predictor import PredictorConfig
 from tracerl.core.advantages import AdvantageOptions, available_estimators
 from tracerl.core.losses import available_aggregations
+from tracerl.envs.data import PARQUET_MISSING, parquet_available
 from tracerl.envs.synthwiki import WorldConfig
 from tracerl.envs.verifiers import VERIFIERS
 from tracerl.models.lora import PEFT_MISSING, peft_available
@@ -54,11 +55,12 @@ class DataConfig:
     redrawn_fact_seed: int = 20_000
     """Memorisation check: training-split questions of a world whose facts were re-drawn."""
     tasks: str = ""
-    """``files`` source: training tasks JSONL."""
+    """``files`` source: training tasks (``.jsonl``; also ``.json`` list or ``.parquet``, the latter
+    with ``pip install 'tracerl[datasets]'``). ``tracerl data convert`` writes it from raw files."""
     corpus: str = ""
-    """``files`` source: corpus JSONL."""
+    """``files`` source: corpus (``id, title, text``; same file types as ``data.tasks``)."""
     eval_tasks: str = ""
-    """``files`` source: held-out tasks JSONL."""
+    """``files`` source: held-out tasks (default: the last tenth of ``data.tasks``)."""
     search_top_k: int = 3
     """Documents returned by one ``search`` call."""
     verifier: str = "em"
@@ -87,6 +89,8 @@ class DataConfig:
                 path = getattr(self, name)
                 if path and not Path(path).is_file():
                     raise ConfigError(f"data.{name} = {path!r}: no such file")
+                if path and Path(path).suffix == ".parquet" and not parquet_available():
+                    raise ConfigError(f"data.{name} = {path!r}: {PARQUET_MISSING}")
 
 
 @dataclass

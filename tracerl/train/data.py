@@ -9,6 +9,10 @@ Task ids are the keys of that routing (and of the trainer's task table), so they
 unique across everything a run loads: a held-out file that repeats a training id is rejected
 at load (see :func:`check_task_files`) rather than namespaced, because a repeated id is
 most often the same question, i.e. a held-out set that leaks the training set.
+
+``files`` data is read by :mod:`tracerl.envs.data`: ``.jsonl``, a ``.json`` list, or
+``.parquet`` with the optional ``datasets`` extra (pyarrow, imported only for such a file).
+``tracerl data convert`` (:mod:`tracerl.envs.convert`) writes these files from raw data sets.
 """
 
 from __future__ import annotations
