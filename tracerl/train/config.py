@@ -81,9 +81,10 @@ class DataConfig:
     environment: str = "search"
     """Environment factory: ``search`` (bm25s ``search``/``open``) or the import path of a function
     ``(documents, EnvSettings) -> ToolEnvironment`` (see tracerl/envs/environments.py)."""
-    tools: list[str] = field(default_factory=list)
+    tools: list[str] | str = field(default_factory=list)
     """Extra tools, as import paths of typed functions (``my_pkg.tools:calculator``): name, docstring
-    and type hints become the tool's schema; they are added to the environment's tools."""
+    and type hints become the tool's schema; they are added to the environment's tools. A single
+    path is read as a one-element list."""
     shuffle: bool = True
     """Shuffle training tasks once (seeded); the data cursor walks that order."""
     tool_timeout_s: float | None = 30.0
@@ -97,6 +98,8 @@ class DataConfig:
         _one_of("data", "source", self.source, ["synthwiki", "files"])
         _registered("data", "verifier", self.verifier, VERIFIERS)
         _registered("data", "environment", self.environment, ENVIRONMENTS)
+        if isinstance(self.tools, str):
+            self.tools = [self.tools]
         if not isinstance(self.tools, list) or not all(isinstance(t, str) for t in self.tools):
             raise ConfigError(f"data.tools must be a list of package.module:function paths, got {self.tools!r}")
         try:
