@@ -15,6 +15,9 @@ Estimators (spec sections 2-4):
 * ``trace_credit``: ``w_out`` x tree-aware outcome advantage plus ``w_turn`` x TRACE turn credit.
 
 Group statistics are computed with ``index_add`` over integer group indices, in float64.
+Estimators live in :data:`ESTIMATORS` (a :class:`~tracerl.core.registry.Registry`, so
+``algo.estimator`` may also be a ``package.module:function`` path); one that reads readiness
+declares it (``register_estimator(name, needs_readiness=True)``) and the config checks that.
 """
 
 from __future__ import annotations
