@@ -142,3 +142,13 @@ def test_smoke_training_with_search_r1(tmp_path: Path) -> None:
     trainer.run()
     record = read_metrics(tmp_path / "run")[-1]
     assert record["step"] == 1 and math.isfinite(record["loss"])
+
+
+def test_tool_list_setting_reaches_the_chat_formats() -> None:
+    tok = chat_tokenizer()
+    for kwargs in ({}, {"tokenizer": tok}):  # built-in Qwen3 markup, then the tokenizer's template
+        listed = get_format("chat", tool_list=None, **kwargs).render_prompt(TASK, TOOLS)
+        bare = get_format("chat", tool_list=False, **kwargs).render_prompt(TASK, TOOLS)
+        assert '"name": "search"' in listed and "<tools>" in listed
+        assert "search" not in bare.replace("searching", "") and "<tools>" not in bare
+        assert "Who wrote Velmora?" in bare
