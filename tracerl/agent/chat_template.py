@@ -84,8 +84,10 @@ class ChatTemplateFormat(AgentFormat):
     name = "chat"
     answer_opener = "<answer>"
 
-    def __init__(self, tokenizer: Any, system: str = "", thinking: bool = True) -> None:
+    def __init__(self, tokenizer: Any, system: str = "", thinking: bool = True, tool_list: bool = True) -> None:
         self.tokenizer = tokenizer
+        self.tool_list = tool_list
+        """Whether the prompt lists the tools (``tools=`` to the template, or in the system text)."""
         self.system = system or DEFAULT_SYSTEM
         self.thinking = thinking
         """Passed to the template as ``enable_thinking`` (Qwen3 no-think mode when False)."""
@@ -202,8 +204,9 @@ class ChatTemplateFormat(AgentFormat):
         return self.end_of_turn
 
     def render_prompt(self, task: Task, tools: ToolSet) -> str:
-        schemas = _schemas(tools) if self.renders_tools else None
-        return self._render(self._messages(task.question, tools), generation=True, tools=schemas)
+        listed = tools if self.tool_list else None
+        schemas = _schemas(tools) if self.renders_tools and self.tool_list else None
+        return self._render(self._messages(task.question, listed), generation=True, tools=schemas)
 
     def prompt_ids(self, task: Task, tools: ToolSet, tokenizer: Any = None) -> list[int]:
         """The template's own tokenisation of the prompt (no BOS added: the template writes it)."""

@@ -6,6 +6,9 @@ section 2 step 1: ``l_k`` is scored on ``S_k + A``). Parsing never raises: anyth
 writes becomes an :class:`Action`, and malformed output becomes ``Action(kind="invalid")``
 whose error the environment turns into an observation listing the valid actions.
 
+Formats are registered by name in :data:`FORMATS` (``react``, ``chat``, ``search_r1``); ``model.format``
+may also be an import path ``package.module:factory``.
+
 ``react`` is plain text for small word-level models. ``chat`` writes ``<tool_call>`` JSON and a
 final ``<answer>``; its markup comes from the tokenizer's own chat template when it has one
 (:class:`~tracerl.agent.chat_template.ChatTemplateFormat`, token-exact per turn), else from the
@@ -24,6 +27,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tracerl.core.registry import Registry
 from tracerl.core.types import Action, Task
 from tracerl.envs.base import Observation
 from tracerl.envs.tools import ToolCallError, ToolSet
@@ -279,19 +283,21 @@ class Qwen3MarkupFormat(AgentFormat):
     stop_strings = ("</tool_call>", "</answer>", "<|im_end|>")
     answer_opener = "<answer>"
 
-    def __init__(self, system: str = "", thinking: bool = True, tokenizer: Any = None) -> None:
+    def __init__(self, system: str = "", thinking: bool = True, tokenizer: Any = None, tool_list: bool = True) -> None:
         self.system = system or DEFAULT_SYSTEM
         self.thinking = thinking
         """False opens every assistant turn with an empty think block (Qwen3 no-think mode)."""
+        self.tool_list = tool_list
+        """Whether the system turn lists the tool schemas (``# Tools`` section)."""
 
     def _assistant_open(self) -> str:
         return "<|im_start|>assistant\n" + ("" if self.thinking else "<think>\n\n</think>\n\n")
 
     def render_prompt(self, task: Task, tools: ToolSet) -> str:
-        system = (
-            f"{self.system}\n\n# Tools\n\nYou can call these functions; their signatures are inside "
-            f"<tools></tools>:\n<tools>\n{tool_listing(tools)}\n</tools>\n\n{TOOL_CALL_HELP}"
-        )
+        system = self.system
+        if self.tool_list:
+            system += (f"\n\n# Tools\n\nYou can call these functions; their signatures are inside "
+                       f"<tools></tools>:\n<tools>\n{tool_listing(tools)}\n</tools>\n\n{TOOL_CALL_HELP}")
         return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{task.question}<|im_end|>\n"
                 + self._assistant_open())
 
@@ -313,21 +319,33 @@ ChatFormat = Qwen3MarkupFormat
 """Former name of the built-in markup format."""
 
 
-def chat_format(tokenizer: Any = None, system: str = "", thinking: bool = True) -> AgentFormat:
-    """``chat``: the tokenizer's chat template when it has a usable one, else the built-in Qwen3 markup."""
+def chat_format(tokenizer: Any = None, system: str = "", thinking: bool = True, tool_list: bool = True) -> AgentFormat:
+    """``chat``: the tokenizer's chat template when it has a usable one, else the built-in Qwen3 markup.
+
+    ``tool_list=False`` leaves the tool schemas out of the prompt (the system text then has to
+    describe the tools)."""
     from tracerl.agent.chat_template import ChatTemplateFormat, has_usable_template
 
     if tokenizer is not None and has_usable_template(tokenizer):
-        return ChatTemplateFormat(tokenizer, system=system, thinking=thinking)
-    return Qwen3MarkupFormat(system=system, thinking=thinking)
+        return ChatTemplateFormat(tokenizer, system=system, thinking=thinking, tool_list=tool_list)
+    return Qwen3MarkupFormat(system=system, thinking=thinking, tool_list=tool_list)
 
 
-FORMATS: dict[str, Callable[..., AgentFormat]] = {"react": ReactFormat, "chat": chat_format}
+FormatFactory = Callable[..., AgentFormat]
+FORMATS: Registry[FormatFactory] = Registry("agent format")
+"""Format factories by name, called with ``tokenizer=``, ``system=`` and, when set, ``tool_list=``;
+``get_format`` also resolves ``package.module:factory`` import paths (a class works: it is called)."""
+FORMATS.add("react", ReactFormat)
+FORMATS.add("chat", chat_format)
+FORMATS.add_lazy("search_r1", "tracerl.agent.search_r1:SearchR1Format")
 
 
 def get_format(name: str, **kwargs: Any) -> AgentFormat:
-    """A format by name (``tokenizer=``, ``system=`` and format options as keywords); unknown
-    names fail listing the valid ones."""
-    if name not in FORMATS:
-        raise ValueError(f"unknown agent format {name!r}; valid: {', '.join(sorted(FORMATS))}")
-    return FORMATS[name](**kwargs)
+    """A format by name or import path (``tokenizer=``, ``system=``, ``tool_list=`` and format options
+    as keywords; ``tool_list=None`` keeps the format's own default); unknown names list the valid ones."""
+    if kwargs.get("tool_list", False) is None:
+        kwargs = {k: v for k, v in kwargs.items() if k != "tool_list"}
+    fmt = FORMATS.get(name)(**kwargs)
+    if not isinstance(fmt, AgentFormat):
+        raise ValueError(f"agent format {name!r} built a {type(fmt).__name__}, not an AgentFormat")
+    return fmt

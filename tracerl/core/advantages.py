@@ -15,6 +15,9 @@ Estimators (spec sections 2-4):
 * ``trace_credit``: ``w_out`` x tree-aware outcome advantage plus ``w_turn`` x TRACE turn credit.
 
 Group statistics are computed with ``index_add`` over integer group indices, in float64.
+Estimators live in :data:`ESTIMATORS` (a :class:`~tracerl.core.registry.Registry`, so
+``algo.estimator`` may also be a ``package.module:function`` path); one that reads readiness
+declares it (``register_estimator(name, needs_readiness=True)``) and the config checks that.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 from torch import Tensor
 
 from tracerl.core.credit import log_ratio_values, td_turn_credit
+from tracerl.core.registry import Registry
 from tracerl.core.types import RolloutTree, Trajectory
 
 STD_MODES = ("population", "unbiased", "none")
@@ -93,32 +97,38 @@ class AdvantageBatch:
 
 
 Estimator = Callable[[AdvantageBatch, AdvantageOptions], list[Tensor]]
-_ESTIMATORS: dict[str, Estimator] = {}
+ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+"""Estimators by name; ``get`` also resolves ``package.module:function`` import paths."""
 
 
-def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
-    """Decorator registering an estimator under ``name`` (duplicate names are an error)."""
+def register_estimator(name: str, *, needs_readiness: bool = False) -> Callable[[Estimator], Estimator]:
+    """Decorator registering an estimator under ``name`` (duplicate names are an error).
+
+    ``needs_readiness`` declares that the estimator reads ``Trajectory.readiness`` (the frozen
+    reference's score of every prefix), so the trainer must score prefixes; it is stored on the
+    function as ``needs_readiness`` and read by :func:`estimator_needs_readiness`.
+    """
 
     def wrap(fn: Estimator) -> Estimator:
-        if name in _ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        _ESTIMATORS[name] = fn
+        ESTIMATORS.add(name, fn)
+        fn.needs_readiness = needs_readiness  # type: ignore[attr-defined]
         return fn
 
     return wrap
 
 
 def get_estimator(name: str) -> Estimator:
-    """The estimator registered as ``name``; an unknown name lists the valid ones."""
-    try:
-        return _ESTIMATORS[name]
-    except KeyError:
-        valid = ", ".join(available_estimators())
-        raise ValueError(f"unknown advantage estimator {name!r}; valid: {valid}") from None
+    """The estimator registered as ``name`` (or at an import path); unknown names list the valid ones."""
+    return ESTIMATORS.get(name)
 
 
 def available_estimators() -> list[str]:
-    return sorted(_ESTIMATORS)
+    return ESTIMATORS.names()
+
+
+def estimator_needs_readiness(name: str) -> bool:
+    """Whether the estimator ``name`` declared ``needs_readiness`` (plain functions: False)."""
+    return bool(getattr(get_estimator(name), "needs_readiness", False))
 
 
 # ----------------------------------------------------------------------------- group math
@@ -402,7 +412,7 @@ def trajectory_turn_credit(
         raise ValueError(f"trajectory {traj.task_id!r} (group {traj.group_id!r}): {err}") from err
 
 
-@register_estimator("trace_credit")
+@register_estimator("trace_credit", needs_readiness=True)
 def trace_credit(batch: AdvantageBatch, options: AdvantageOptions) -> list[Tensor]:
     """``w_out`` x tree-aware outcome advantage + ``w_turn`` x ``c_k`` on transition k's
     assistant span (spec section 2 step 7, section 3 "with credit on"). ``A_out`` in the

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tracerl.core.registry import Registry
+
 
 def _same_shape(**tensors: Tensor) -> None:
     shapes = {name: tuple(t.shape) for name, t in tensors.items()}
@@ -110,23 +112,19 @@ def _per_row_mean(mask: Tensor) -> Tensor:
     return mask / length.clamp(min=1.0)
 
 
-_AGGREGATIONS: dict[str, _Aggregation] = {
-    "token-mean": _Aggregation(_token_count, lambda m: m),
-    "seq-mean-token-mean": _Aggregation(_seq_count, _per_row_mean),
-    "seq-mean-token-sum-norm": _Aggregation(_seq_norm, lambda m: m),
-}
+AGGREGATIONS: Registry[_Aggregation] = Registry("loss aggregation", accept_paths=False)
+"""Loss aggregations by name (internal pairs of normaliser and row weighting: no import paths)."""
+AGGREGATIONS.add("token-mean", _Aggregation(_token_count, lambda m: m))
+AGGREGATIONS.add("seq-mean-token-mean", _Aggregation(_seq_count, _per_row_mean))
+AGGREGATIONS.add("seq-mean-token-sum-norm", _Aggregation(_seq_norm, lambda m: m))
 
 
 def available_aggregations() -> list[str]:
-    return sorted(_AGGREGATIONS)
+    return AGGREGATIONS.names()
 
 
 def _get_aggregation(mode: str) -> _Aggregation:
-    try:
-        return _AGGREGATIONS[mode]
-    except KeyError:
-        valid = ", ".join(available_aggregations())
-        raise ValueError(f"unknown loss aggregation {mode!r}; valid: {valid}") from None
+    return AGGREGATIONS.get(mode)
 
 
 def loss_normaliser(masks: Sequence[Tensor], mode: str, *, norm_length: int | None = None) -> float:

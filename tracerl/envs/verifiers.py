@@ -1,7 +1,9 @@
 """Verifiers: terminal rewards in [0, 1] from a final answer and the task's gold aliases.
 
-A verifier is any ``(answer: str, task: Task) -> float``; these two are the standard
-SQuAD/HotpotQA-style ones (spec section 1: exact match by default, F1 optional).
+A verifier is any ``(answer: str, task: Task) -> float``; ``em`` and ``f1`` are the standard
+SQuAD/HotpotQA-style ones (spec section 1: exact match by default, F1 optional). ``data.verifier``
+names one of :data:`VERIFIERS` or any such function by import path (``my_pkg.rewards:judge``);
+``@VERIFIERS.register("name")`` adds one by name.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import string
 from collections import Counter
 from collections.abc import Callable
 
+from tracerl.core.registry import Registry
 from tracerl.core.types import Task
 
 Verifier = Callable[[str, Task], float]
@@ -52,11 +55,16 @@ def answered(answer: str, task: Task) -> float:
     return float(bool(answer.strip()))
 
 
-VERIFIERS: dict[str, Verifier] = {"em": exact_match, "f1": token_f1, "answered": answered}
+VERIFIERS: Registry[Verifier] = Registry("verifier")
+"""Verifiers by name; ``get`` also resolves ``package.module:function`` import paths."""
+VERIFIERS.add("em", exact_match)
+VERIFIERS.add("f1", token_f1)
+VERIFIERS.add("answered", answered)
 
 
 def get_verifier(name: str) -> Verifier:
-    """A verifier by name; unknown names fail listing the valid ones."""
-    if name not in VERIFIERS:
-        raise ValueError(f"unknown verifier {name!r}; valid: {', '.join(sorted(VERIFIERS))}")
-    return VERIFIERS[name]
+    """A verifier by name or import path; unknown names fail listing the valid ones."""
+    verifier = VERIFIERS.get(name)
+    if not callable(verifier):
+        raise ValueError(f"verifier {name!r} is a {type(verifier).__name__}, not a function (answer, task) -> float")
+    return verifier

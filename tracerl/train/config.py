@@ -14,10 +14,13 @@ from typing import Any, Literal
 import yaml
 
 from tracerl.allocation.predictor import PredictorConfig
-from tracerl.core.advantages import AdvantageOptions, available_estimators
+from tracerl.agent.formats import FORMATS
+from tracerl.core.advantages import ESTIMATORS, AdvantageOptions, estimator_needs_readiness
 from tracerl.core.losses import available_aggregations
 from tracerl.envs.data import PARQUET_MISSING, parquet_available
 from tracerl.envs.synthwiki import WorldConfig
+from tracerl.core.registry import Registry, RegistryError, is_import_path
+from tracerl.envs.environments import ENVIRONMENTS, load_tools
 from tracerl.envs.verifiers import VERIFIERS
 from tracerl.models.lora import PEFT_MISSING, peft_available
 from tracerl.models.tiny_config import DEFAULT_WORLD, SMOKE_WORLD
@@ -30,6 +33,17 @@ from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, pa
 def _one_of(section: str, name: str, value: Any, allowed: list[str] | tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{section}.{name} = {value!r} is not valid; allowed values: {', '.join(allowed)}")
+
+
+def _registered(section: str, name: str, value: Any, registry: Registry[Any]) -> None:
+    """``value`` is a registered name or an import path that resolves (imports its module now)."""
+    try:
+        registry.check(value)
+    except RegistryError as err:
+        if isinstance(value, str) and is_import_path(value):
+            raise ConfigError(f"{section}.{name} = {value!r}: {err}") from None
+        raise ConfigError(f"{section}.{name} = {value!r} is not valid; allowed values: "
+                          f"{', '.join(registry.names())} or a package.module:attribute path") from None
 
 
 def _positive(section: str, **values: float) -> None:
@@ -64,7 +78,15 @@ class DataConfig:
     search_top_k: int = 3
     """Documents returned by one ``search`` call."""
     verifier: str = "em"
-    """Terminal reward: ``em`` (normalised exact match), ``f1`` or ``answered`` (format reward)."""
+    """Terminal reward: ``em`` (normalised exact match), ``f1``, ``answered`` (format reward) or the
+    import path of a function ``(answer: str, task: Task) -> float``, e.g. ``my_pkg.rewards:judge``."""
+    environment: str = "search"
+    """Environment factory: ``search`` (bm25s ``search``/``open``) or the import path of a function
+    ``(documents, EnvSettings) -> ToolEnvironment`` (see tracerl/envs/environments.py)."""
+    tools: list[str] | str = field(default_factory=list)
+    """Extra tools, as import paths of typed functions (``my_pkg.tools:calculator``): name, docstring
+    and type hints become the tool's schema; they are added to the environment's tools. A single
+    path is read as a one-element list."""
     shuffle: bool = True
     """Shuffle training tasks once (seeded); the data cursor walks that order."""
     tool_timeout_s: float | None = 30.0
@@ -76,7 +98,18 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _one_of("data", "source", self.source, ["synthwiki", "files"])
-        _one_of("data", "verifier", self.verifier, sorted(VERIFIERS))
+        _registered("data", "verifier", self.verifier, VERIFIERS)
+        _registered("data", "environment", self.environment, ENVIRONMENTS)
+        if isinstance(self.tools, str):
+            self.tools = [self.tools]
+        if not isinstance(self.tools, list) or not all(isinstance(t, str) for t in self.tools):
+            raise ConfigError(f"data.tools must be a list of package.module:function paths, got {self.tools!r}")
+        try:
+            names = [tool.name for tool in load_tools(self.tools)]
+        except RegistryError as err:
+            raise ConfigError(f"data.tools: {err}") from None
+        if len(set(names)) < len(names):
+            raise ConfigError(f"data.tools = {self.tools!r} names a tool twice ({', '.join(names)})")
         _positive("data", train_worlds=self.train_worlds, search_top_k=self.search_top_k,
                   max_failed_tool_steps=self.max_failed_tool_steps)
         check_finite("data", self)
@@ -138,10 +171,15 @@ class ModelConfig:
     tiny_preset: str = "default"
     """Which embedded tiny-model preset ``tiny`` refers to."""
     format: str = "react"
-    """Agent format: ``react`` (plain text, small models) or ``chat`` (the tokenizer's chat template
-    with tool calls; the built-in Qwen3 markup for tokenizers without one)."""
+    """Agent format: ``react`` (plain text, small models), ``chat`` (the tokenizer's chat template
+    with tool calls; the built-in Qwen3 markup for tokenizers without one), ``search_r1``
+    (Search-R1's ``<search>``/``<information>``/``<answer>``) or a ``package.module:factory`` path."""
     system_prompt: str = ""
-    """System text of the prompt (``chat``: its default asks for tool calls and an <answer>)."""
+    """System text of the prompt (``chat``: its default asks for tool calls and an <answer>;
+    ``search_r1``: replaces Search-R1's instruction)."""
+    tool_list: bool | None = None
+    """Whether the prompt lists the tools and their arguments; ``null`` keeps the format's default
+    (``react`` and ``search_r1``: no list, as the tiny model and Search-R1 were trained; ``chat``: listed)."""
     dtype: str = "float32"
     """Working precision of the forwards (generation, scoring, update): ``float32``, ``bfloat16``
     (autocast; CPU or CUDA) or ``float16`` (autocast with loss scaling; CUDA only). Weights and
@@ -151,7 +189,7 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
-        _one_of("model", "format", self.format, ["react", "chat"])
+        _registered("model", "format", self.format, FORMATS)
         _one_of("model", "dtype", self.dtype, ["float32", "bfloat16", "float16"])
         check_device(self.device)  # cheap (no CUDA init); model.name_or_path: see resolve_config
         if self.dtype == "float16" and not self.device.startswith("cuda"):
@@ -194,9 +232,10 @@ class AlgoConfig:
     advantage: AdvantageOptions = field(default_factory=AdvantageOptions)
 
     def __post_init__(self) -> None:
-        _one_of("algo", "estimator", self.estimator, available_estimators())
-        if self.estimator == "trace_credit" and not self.credit:
-            raise ConfigError("algo.estimator = 'trace_credit' needs algo.credit = true")
+        _registered("algo", "estimator", self.estimator, ESTIMATORS)
+        if estimator_needs_readiness(self.estimator) and not self.credit:  # declared by the estimator
+            raise ConfigError(f"algo.estimator = {self.estimator!r} needs algo.credit = true "
+                              "(it reads the reference's readiness of every prefix)")
 
 
 @dataclass

@@ -22,10 +22,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tracerl.core.types import Task
-from tracerl.envs.base import ToolEnvironment
+from tracerl.core.registry import RegistryError
+from tracerl.envs.base import ToolEnvironment, env_config
 from tracerl.envs.data import Document, load_corpus, load_tasks
 from tracerl.envs.health import ToolStats
-from tracerl.envs.search import search_environment
+from tracerl.envs.environments import EnvSettings, build_environment
 from tracerl.envs.synthwiki import build_world
 from tracerl.rollout.engine import EngineConfig
 from tracerl.errors import UserError
@@ -79,7 +80,12 @@ class TaskData:
 
 
 def _world_env(documents: list[Document], data: DataConfig, engine: EngineConfig) -> ToolEnvironment:
-    return search_environment(documents, data.search_top_k, engine, data.tool_timeout_s)  # the factory evaluation uses too
+    """``data.environment`` over ``documents`` plus ``data.tools`` (envs/environments.py)."""
+    settings = EnvSettings(data.search_top_k, env_config(engine, data.tool_timeout_s))
+    try:
+        return build_environment(data.environment, documents, settings, data.tools)
+    except RegistryError as err:
+        raise UserError(str(err)) from None
 
 
 def _some(ids: list[str], shown: int = 5) -> str:

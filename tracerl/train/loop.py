@@ -151,11 +151,13 @@ class Trainer:
 
     def _build(self, cfg: TrainConfig) -> None:
         _seed_everything(cfg.seed)
-        self.fmt = get_format(cfg.model.format, system=cfg.model.system_prompt)  # text only: random-tiny's vocabulary
+        self.fmt = get_format(cfg.model.format, system=cfg.model.system_prompt,  # text only: random-tiny's vocabulary
+                              tool_list=cfg.model.tool_list)
         self.data = load_task_data(cfg.data, cfg.rollout.engine, cfg.seed)
         self.tasks = {t.id: t for t in self.data.train + self.data.held_out + self.data.redrawn}
         self.model, self.tokenizer = self._initial_policy()
-        self.fmt = get_format(cfg.model.format, tokenizer=self.tokenizer, system=cfg.model.system_prompt)
+        self.fmt = get_format(cfg.model.format, tokenizer=self.tokenizer, system=cfg.model.system_prompt,
+                              tool_list=cfg.model.tool_list)
         self.model = _prepare_policy(self.model, cfg)
         needs_reference = cfg.algo.credit or cfg.optim.kl_coef > 0
         # The frozen reference needs no float32 master copy: keep it in the working precision.

@@ -1,0 +1,88 @@
+"""Environment factories by name or import path, and extra tools given as import paths.
+
+An environment factory builds the :class:`ToolEnvironment` of one corpus::
+
+    def my_environment(documents: list[Document], settings: EnvSettings) -> ToolEnvironment: ...
+
+``settings`` carries what training, evaluation and env-check share: the search depth and the
+episode limits (:class:`~tracerl.envs.base.EnvConfig`, derived from the engine's config). The
+built-in ``search`` factory is bm25s ``search``/``open`` (:func:`tracerl.envs.search.search_environment`).
+``data.environment`` names a registered factory or ``package.module:factory``.
+
+``data.tools`` adds typed Python functions (``package.module:function``, see
+:class:`~tracerl.envs.tools.Tool`) to whatever tools the factory built: :func:`build_environment`
+appends them, so a custom factory never has to handle them itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tracerl.core.registry import Registry, RegistryError, resolve_import_path
+from tracerl.envs.base import EnvConfig, ToolEnvironment
+from tracerl.envs.tools import Tool, ToolSet
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """What an environment factory is told about the run."""
+
+    top_k: int = 3
+    """Documents one search returns."""
+    config: EnvConfig = EnvConfig()
+    """Episode limits and the tool timeout (one definition shared by every path)."""
+
+
+EnvironmentFactory = Callable[[Any, EnvSettings], ToolEnvironment]
+ENVIRONMENTS: Registry[EnvironmentFactory] = Registry("environment")
+"""Environment factories by name; ``get`` also resolves ``package.module:factory``."""
+
+
+@ENVIRONMENTS.register("search")
+def search(documents: Any, settings: EnvSettings) -> ToolEnvironment:
+    """bm25s ``search(query)`` and ``open(title)`` over ``documents`` (a list or a SearchIndex)."""
+    from tracerl.envs.search import search_environment  # bm25s: imported only when used
+
+    return search_environment(documents, settings.top_k, settings.config, settings.config.tool_timeout_s)
+
+
+def load_tool(path: str) -> Tool:
+    """The typed function at ``package.module:function`` as a :class:`Tool` (one-line errors)."""
+    fn = resolve_import_path(path, "tool")
+    if isinstance(fn, Tool):
+        return fn
+    if not callable(fn):
+        raise RegistryError(f"tool {path!r} is a {type(fn).__name__}, not a function")
+    try:
+        return Tool.from_function(fn)
+    except ValueError as err:
+        raise RegistryError(f"tool {path!r}: {err}") from None
+
+
+def load_tools(paths: Sequence[str]) -> list[Tool]:
+    """:func:`load_tool` of each path, in order."""
+    return [load_tool(p) for p in paths]
+
+
+def build_environment(name: str, documents: Any, settings: EnvSettings,
+                      tools: Sequence[str | Tool] = ()) -> ToolEnvironment:
+    """The environment factory ``name`` applied to ``documents``, with ``tools`` appended.
+
+    A factory's result must be a :class:`ToolEnvironment`; a tool whose name the factory already
+    uses is an error naming both (the policy could not tell them apart).
+    """
+    factory = ENVIRONMENTS.get(name)
+    env = factory(documents, settings)
+    if not isinstance(env, ToolEnvironment):
+        raise RegistryError(f"environment {name!r} returned a {type(env).__name__}, not a ToolEnvironment")
+    extra = [load_tool(t) if isinstance(t, str) else t for t in tools]
+    if not extra:
+        return env
+    clash = sorted(set(env.tools) & {t.name for t in extra})
+    if clash:
+        raise RegistryError(f"data.tools: tool {clash[0]!r} clashes with a tool of environment {name!r} "
+                            f"({', '.join(env.tools)})")
+    env.tools = ToolSet([*env.tools.values(), *extra])
+    return env
