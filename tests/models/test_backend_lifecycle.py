@@ -41,7 +41,7 @@ def test_a_request_gives_the_same_tokens_alone_or_batched(tok) -> None:
 
 
 def test_seeded_sampling_draws_from_the_tempered_nucleus() -> None:
-    """Gumbel-max with per-row noise: frequencies follow softmax(logits / T) inside the top-p set."""
+    """Inverse CDF with one hashed uniform per row: frequencies follow softmax(logits / T) in the top-p set."""
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(4000, 1)
     seeds = torch.arange(4000, dtype=torch.int64) * 7919
     tokens, logp = sample_next_seeded(logits, 1.0, 1.0, seeds, torch.zeros(4000, dtype=torch.int64))
@@ -51,8 +51,10 @@ def test_seeded_sampling_draws_from_the_tempered_nucleus() -> None:
     # top_p = 0.7: softmax is [.64, .24, .09, .03]; the nucleus is {0, 1} (mass before token 1 is .64 < .7).
     nucleus, _ = sample_next_seeded(logits, 1.0, 0.7, seeds, torch.zeros(4000, dtype=torch.int64))
     assert set(nucleus.tolist()) == {0, 1}
-    u = row_uniforms(torch.tensor([5, 5, 6]), torch.tensor([0, 1, 0]), 8)
-    assert torch.all((u > 0) & (u < 1)) and not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
+    u = row_uniforms(torch.tensor([5, 5, 6, -3]), torch.tensor([0, 1, 0, 0]))
+    assert torch.all((u > 0) & (u < 1)) and len(set(u.tolist())) == 4
+    many = row_uniforms(torch.arange(20000) * 31, torch.zeros(20000, dtype=torch.int64))
+    assert abs(many.mean().item() - 0.5) < 0.01 and abs((many < 0.1).float().mean().item() - 0.1) < 0.01
     assert derive_seed(0, "step", 1) == derive_seed(0, "step", 1) != derive_seed(0, "step", 2)
 
 
