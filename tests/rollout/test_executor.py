@@ -24,6 +24,7 @@ from tracerl.rollout.engine import EngineConfig, RolloutEngine
 from tracerl.rollout.executor import (
     ExpandRequest,
     LocalExecutor,
+    NodeRecord,
     RolloutResult,
     ScoreResult,
     StartRequest,
@@ -108,7 +109,6 @@ def test_driver_copies_equal_the_executor_trees_and_expand_by_id_after_a_rebuild
     history = json.dumps([[(n.parent, dataclasses.asdict(n.turn)) for n in t.nodes[1:]] for t in trees])
     for tree, nodes in zip(trees, json.loads(history)):
         for parent, turn in nodes:
-            from tracerl.rollout.executor import NodeRecord
             apply_delta(rebuilt, TreeDelta(tree.tree_id, tree.task_id, len(rebuilt[tree.tree_id].nodes),
                                            [NodeRecord(parent, turn)]))
     anchors = [n for n in expandable_nodes(rebuilt["t0"])] or [0]
@@ -171,7 +171,6 @@ def test_planners_emit_the_same_plan_for_the_same_snapshot(tok, env, world) -> N
     copies: dict[str, RolloutTree] = {}
     for tree in trees:  # a snapshot that went through JSON
         apply_delta(copies, TreeDelta(tree.tree_id, tree.task_id, 1, prompt_ids=list(tree.prompt_ids)))
-        from tracerl.rollout.executor import NodeRecord
         nodes = [NodeRecord(n.parent, json.loads(json.dumps(dataclasses.asdict(n.turn)))) for n in tree.nodes[1:]]
         trajs = [json.loads(json.dumps(dataclasses.asdict(t))) for _, t in sorted(tree.trajectories.items())]
         apply_delta(copies, TreeDelta(tree.tree_id, tree.task_id, 1, nodes, trajs))
