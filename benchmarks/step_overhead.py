@@ -6,7 +6,10 @@ round-robin with a rotating order, so load from other processes on the machine h
 method alike. Phases come from the trainer's ``time_*`` metrics, with the work the ``trace``
 rollout scheme does for its allocation moved to the phase it belongs to: reference readiness
 scored inside the scheme counts as ``scoring`` and predictor inference inside the scheme counts
-as ``predictor`` (both are timed by wrapping the scorer's and the predictor's methods).
+as ``predictor``. Both come from the trainer's own record: ``time_rollout_execute`` (executor time
+inside the scheme: generation), ``time_rollout_readiness`` (the executor's score calls inside
+the scheme); the rest of ``time_rollout`` is the scheme's planning (predictor inference and the
+allocation), counted as ``predictor``.
 
 ``trace_over_grpo`` (stable key) is the median over rounds of trace's step wall time divided by
 grpo's in the same round; ``trace_over_grpo_per_token`` divides seconds per generated token
@@ -23,10 +26,9 @@ method whose batch carries more signal (mixed groups, dense turn credit) trains 
 from __future__ import annotations
 
 import argparse
-import functools
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from common import (
     RESULTS,
@@ -64,44 +66,12 @@ def _args() -> argparse.Namespace:
     return args
 
 
-class Stopwatch:
-    """Accumulates the wall time of wrapped callables under a name."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    def wrap(self, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-
-        return timed
-
-    def take(self) -> dict[str, float]:
-        out, self.seconds = self.seconds, {}
-        return out
-
-
-def instrument(trainer: Any, watch: Stopwatch) -> None:
-    """Time the scorer and predictor calls made inside the rollout scheme (instance attributes only)."""
-    scheme = trainer.scheme
-    if getattr(scheme, "score", None) is not None:
-        scheme.score = watch.wrap(scheme.score, "scheme_readiness")
-    if trainer.predictor is not None:
-        for name in ("predict_roots", "predict_nodes"):
-            wrapped = watch.wrap(getattr(trainer.predictor, name), "scheme_predict")
-            setattr(trainer.predictor, name, wrapped)
-
-
-def phases_of(record: dict[str, Any], inner: dict[str, float]) -> dict[str, float]:
-    """Phase seconds of one step with the scheme's scoring/predicting moved out of ``rollout``."""
-    moved_scoring, moved_predict = inner.get("scheme_readiness", 0.0), inner.get("scheme_predict", 0.0)
+def phases_of(record: dict[str, Any]) -> dict[str, float]:
+    """Phase seconds of one step with the scheme's scoring/planning moved out of ``rollout``."""
+    moved_scoring = record["time_rollout_readiness"]
+    moved_predict = record["time_rollout"] - record["time_rollout_execute"] - moved_scoring
     return {
-        "rollout": record["time_rollout"] - moved_scoring - moved_predict,
+        "rollout": record["time_rollout_execute"],
         "scoring": record["time_scoring"] + moved_scoring,
         "advantages": record["time_advantages"],
         "update": record["time_update"],
@@ -112,19 +82,16 @@ def phases_of(record: dict[str, Any], inner: dict[str, float]) -> dict[str, floa
 def measure(args: argparse.Namespace, overrides: list[str]) -> dict[str, list[dict[str, Any]]]:
     from tracerl.train.loop import Trainer
 
-    trainers, watches = {}, {}
+    trainers = {}
     for method in args.methods:
         config = resolve(method, overrides + [f"seed={args.seed}", f"steps={args.rounds}"], args.smoke)
         trainers[method] = Trainer(config, fresh_dir(args.work_dir / f"overhead-{method}"))
-        watches[method] = Stopwatch()
-        instrument(trainers[method], watches[method])
     steps: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}
     for rnd in range(args.rounds):
         shift = rnd % len(args.methods)
         for method in args.methods[shift:] + args.methods[:shift]:
-            watches[method].take()
             record = trainers[method].step()
-            phases = phases_of(record, watches[method].take())
+            phases = phases_of(record)
             steps[method].append({"round": rnd, "step_seconds": record["step_seconds"], "phases": phases,
                                   "generated_tokens": record["generated_tokens"], "rollouts": record["rollouts"],
                                   "trajectories": record["trajectories"], "trained_tokens": record["trained_tokens"]})

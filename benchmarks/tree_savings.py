@@ -71,9 +71,10 @@ class DeepestBranching:
             raise ValueError(f"--roots must be in [1, group_size={group_size}], got {roots}")
         self.group_size, self.roots = group_size, roots
 
-    def collect(self, engine: Any, pool: list, budget: int, generator: torch.Generator) -> Any:
+    def collect(self, executor: Any, pool: list, budget: int, generator: torch.Generator) -> Any:
         from tracerl.rollout.schemes import SchemeResult
 
+        engine = executor.engine  # the trainer's LocalExecutor: this baseline drives the engine directly
         prompts = budget // self.group_size
         trees, cost = engine.rollout(pool[:prompts], [self.roots] * prompts, generator=generator)
         cost = cost + engine.expand(branch_requests(engine, trees, self.group_size - self.roots), generator=generator)
@@ -103,7 +104,7 @@ def measure(args: argparse.Namespace, overrides: list[str]) -> tuple[dict[str, l
         for name in SCHEMES[step % len(SCHEMES):] + SCHEMES[: step % len(SCHEMES)]:
             before, clock = dict(backend.stats), time.perf_counter()
             generator = torch.Generator().manual_seed(args.seed * 100_003 + step)
-            result = schemes[name].collect(engine, pool, config.rollout.budget, generator)
+            result = schemes[name].collect(trainer.executor, pool, config.rollout.budget, generator)
             seconds = time.perf_counter() - clock
             leaves = [t for tree in result.trees for t in tree.trajectories.values()]
             rows[name].append({

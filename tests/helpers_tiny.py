@@ -92,8 +92,12 @@ class ScriptedPolicy:
         self.tokenizer = tokenizer
         self.respond = respond
         self.calls: list[int] = []
+        self.stats: dict[str, int] = {}
 
-    def generate(self, prefixes, params, generator=None):
+    def sync_weights(self, model_or_state, version: int) -> None:
+        """Nothing to sync: the replies are scripted."""
+
+    def generate(self, prefixes, params, seeds=None):
         from tracerl.models.backend import Generation
 
         self.calls.append(len(prefixes))

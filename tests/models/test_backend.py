@@ -38,7 +38,7 @@ def test_logprobs_match_unpadded_forward(policy: HFPolicy, temperature: float, t
     long = tok.encode("Question: Where was the author of Blue River born?\n")
     prefixes = [long, long[:4], long, long[:9]]  # mixed lengths (left padding) and a repeat
     params = SamplingParams(max_new_tokens=12, temperature=temperature, top_p=top_p)
-    gens = policy.generate(prefixes, params, torch.Generator().manual_seed(3))
+    gens = policy.generate(prefixes, params, generator=torch.Generator().manual_seed(3))
     assert len(gens) == len(prefixes)
     for prefix, gen in zip(prefixes, gens):
         assert len(gen.token_ids) == len(gen.logprobs) >= 1
@@ -59,9 +59,9 @@ def test_greedy_takes_the_argmax(policy: HFPolicy) -> None:
 def test_same_seed_same_samples_and_seeds_differ(policy: HFPolicy) -> None:
     prefixes = [policy.tokenizer.encode("Thought: I should search")] * 3
     params = SamplingParams(max_new_tokens=10)
-    a = policy.generate(prefixes, params, torch.Generator().manual_seed(0))
-    b = policy.generate(prefixes, params, torch.Generator().manual_seed(0))
-    c = policy.generate(prefixes, params, torch.Generator().manual_seed(1))
+    a = policy.generate(prefixes, params, generator=torch.Generator().manual_seed(0))
+    b = policy.generate(prefixes, params, generator=torch.Generator().manual_seed(0))
+    c = policy.generate(prefixes, params, generator=torch.Generator().manual_seed(1))
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
     assert [g.token_ids for g in a] != [g.token_ids for g in c]
 
@@ -76,7 +76,7 @@ def test_identical_prefixes_are_prefilled_once(policy: HFPolicy) -> None:
     p, q = fresh.tokenizer.encode("Question: Who wrote Blue River?"), fresh.tokenizer.encode("Action:")
     assert len(p) > 2 * len(q)  # different length buckets
     try:
-        fresh.generate([p, q, p, p], SamplingParams(max_new_tokens=3), torch.Generator().manual_seed(0))
+        fresh.generate([p, q, p, p], SamplingParams(max_new_tokens=3), generator=torch.Generator().manual_seed(0))
     finally:
         hook.remove()
     assert sorted(seen[:2]) == sorted([(1, len(p)), (1, len(q))])  # prefill: one row per distinct prefix
@@ -99,7 +99,7 @@ def test_stop_string_ends_row_at_first_occurrence(policy: HFPolicy) -> None:
     tok = policy.tokenizer
     prefixes = [tok.encode("The city of")] * 6
     gens = policy.generate(
-        prefixes, SamplingParams(max_new_tokens=40, stop_strings=("e",)), torch.Generator().manual_seed(0)
+        prefixes, SamplingParams(max_new_tokens=40, stop_strings=("e",)), generator=torch.Generator().manual_seed(0)
     )
     stopped = [g for g in gens if g.finish_reason == "stop"]
     assert stopped, "a random BPE model writes an 'e' within 40 tokens"
@@ -124,7 +124,7 @@ def test_eos_is_kept_in_ids_and_dropped_from_text(policy: HFPolicy) -> None:
 
 
 def test_length_cap(policy: HFPolicy) -> None:
-    gens = policy.generate([[5, 6], [7]], SamplingParams(max_new_tokens=4), torch.Generator().manual_seed(0))
+    gens = policy.generate([[5, 6], [7]], SamplingParams(max_new_tokens=4), generator=torch.Generator().manual_seed(0))
     for gen in gens:
         if gen.finish_reason == "length":
             assert len(gen.token_ids) == 4
@@ -173,8 +173,8 @@ def test_from_pretrained_round_trip(policy: HFPolicy, tmp_path) -> None:
     loaded = HFPolicy.from_pretrained(str(tmp_path), dtype=torch.float32)
     params = SamplingParams(max_new_tokens=6)
     prefix = [policy.tokenizer.encode("Question: Who wrote Blue River?")]
-    a = policy.generate(prefix, params, torch.Generator().manual_seed(0))[0]
-    b = loaded.generate(prefix, params, torch.Generator().manual_seed(0))[0]
+    a = policy.generate(prefix, params, generator=torch.Generator().manual_seed(0))[0]
+    b = loaded.generate(prefix, params, generator=torch.Generator().manual_seed(0))[0]
     assert a.token_ids == b.token_ids
 
 
@@ -195,12 +195,12 @@ def test_cpu_generator_seeds_a_device_generator_once_per_call(policy: HFPolicy) 
     cuda = HFPolicy(policy.model.to("cuda"), policy.tokenizer)
     try:
         params = SamplingParams(max_new_tokens=5)
-        a = cuda.generate([[5, 6, 7]], params, torch.Generator().manual_seed(0))
-        b = cuda.generate([[5, 6, 7]], params, torch.Generator().manual_seed(0))
+        a = cuda.generate([[5, 6, 7]], params, generator=torch.Generator().manual_seed(0))
+        b = cuda.generate([[5, 6, 7]], params, generator=torch.Generator().manual_seed(0))
         assert a[0].token_ids == b[0].token_ids
         cpu_gen = torch.Generator().manual_seed(0)
         state = cpu_gen.get_state()
-        cuda.generate([[5, 6, 7]], params, cpu_gen)
+        cuda.generate([[5, 6, 7]], params, generator=cpu_gen)
         assert not torch.equal(cpu_gen.get_state(), state)  # one draw advanced it
         with pytest.raises(ValueError, match="create it on the model's device"):
             sample_next(torch.zeros(1, 4, device="cuda"), 1.0, 1.0, torch.Generator().manual_seed(0))

@@ -77,12 +77,12 @@ def test_next_turn_prefills_only_new_tokens_and_stays_exact(policy: HFPolicy) ->
     policy.clear_prefix_cache()
     params = SamplingParams(max_new_tokens=8)
     first = [tok.encode("Question: Where was the author of Blue River born?\n"), tok.encode("Action:")]
-    turn1 = policy.generate(first, params, gen)
+    turn1 = policy.generate(first, params, generator=gen)
     obs = tok.encode(" Blue River is a novel by Ada Stone.\n")
     second = [first[0] + turn1[0].token_ids + obs, first[1] + turn1[1].token_ids + obs]
     new_prompt = tok.encode("Question: Who founded Varo and where is the city of Lumen?\n")  # a miss
     before = dict(policy.stats)
-    turn2 = policy.generate(second + [new_prompt], params, gen)
+    turn2 = policy.generate(second + [new_prompt], params, generator=gen)
     computed = policy.stats["prefill_tokens"] - before["prefill_tokens"]
     assert computed == 2 * (len(obs) + 1) + len(new_prompt)  # last sampled token + observation
     for prefix, g in zip(second + [new_prompt], turn2):
@@ -94,19 +94,19 @@ def test_branch_from_an_earlier_boundary_hits_the_chain(policy: HFPolicy) -> Non
     policy.clear_prefix_cache()
     params = SamplingParams(max_new_tokens=6)
     s0 = tok.encode("Question: Who wrote Blue River?\n")
-    t1 = policy.generate([s0], params, gen)[0]
+    t1 = policy.generate([s0], params, generator=gen)[0]
     s1 = s0 + t1.token_ids + tok.encode(" Ada Stone.\n")
-    t2 = policy.generate([s1], params, gen)[0]
-    policy.generate([s1 + t2.token_ids + tok.encode(" Lumen.\n")], params, gen)
+    t2 = policy.generate([s1], params, generator=gen)[0]
+    policy.generate([s1 + t2.token_ids + tok.encode(" Lumen.\n")], params, generator=gen)
     assert len(policy.store) == 1  # the chain's entries were merged as it grew
     before = policy.stats["prefill_tokens"]
-    branches = policy.generate([s1, s1, s1], params, gen)  # three continuations from boundary S_1
+    branches = policy.generate([s1, s1, s1], params, generator=gen)  # three continuations from boundary S_1
     assert policy.stats["prefill_tokens"] - before == 1
     for g in branches:
         _check_logprobs(policy, s1, g)
 
 
-def test_store_is_cleared_when_weights_change() -> None:
+def test_store_is_cleared_when_weights_are_synced() -> None:
     tok = bpe_tokenizer()
     policy = HFPolicy(tiny_model(len(tok), seed=6), tok)
     prefix = tok.encode("Question: Who wrote Blue River?\n")
@@ -114,6 +114,8 @@ def test_store_is_cleared_when_weights_change() -> None:
     nxt = prefix + out.token_ids + [5]
     with torch.no_grad():
         next(policy.model.parameters()).add_(0.1)  # what an optimiser step does
+    policy.sync_weights(policy.model, 1)  # what the trainer does after an optimiser step
+    assert policy.version == 1
     before = policy.stats["prefill_tokens"]
     gen = policy.generate([nxt], SamplingParams(max_new_tokens=4))[0]
     assert policy.stats["prefill_tokens"] - before == len(nxt)

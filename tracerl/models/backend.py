@@ -1,7 +1,8 @@
 """Policy backends: batched sampling with per-token sampling-time log-probs.
 
-The rollout engine only talks to :class:`PolicyBackend` (a tokenizer plus ``generate``), so a
-vLLM or SGLang backend can be added later without touching the engine. :class:`HFPolicy` wraps
+The rollout engine only talks to :class:`PolicyBackend` (a tokenizer, ``generate`` with
+per-row seeds, ``sync_weights``); :func:`tracerl.models.factory.make_backend` picks the
+implementation from ``model.backend`` (``hf``: :class:`HFPolicy`; ``vllm``: ``VLLMPolicy``). :class:`HFPolicy` wraps
 any Hugging Face causal LM with a hand-written sampling loop (KV cache, left padding, explicit
 position ids, per-row stop strings), which is about twice as fast as ``model.generate`` on tiny
 models and lets us record exactly the log-probs the trainer will recompute.
@@ -24,6 +25,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 
 from tracerl.agent.formats import encode_prompt  # noqa: F401 - re-exported (its home moved to the formats)
+from tracerl.models.sampling import same_device, sample_next, sample_next_seeded  # noqa: F401 - re-exported
 from tracerl.models.prefix_cache import (
     KVEntry,
     PrefixKVStore,
@@ -73,55 +75,29 @@ class Generation:
 
 @runtime_checkable
 class PolicyBackend(Protocol):
-    """What the rollout engine needs from a policy: a tokenizer and batched sampling."""
+    """What the rollout engine needs from a policy: a tokenizer, batched sampling, weight sync.
+
+    Lifecycle: the trainer calls ``sync_weights(model, version)`` after every optimiser step
+    (and after loading weights); a backend never polls the trainer's model for changes. A
+    backend that caches KV across calls must drop it there, so no continuation reuses KV
+    computed under old weights.
+
+    ``seeds[i]`` seeds row ``i``: the same prefix, params and seed give the same tokens alone or
+    batched with other rows (up to float ties), so a trajectory does not depend on its batch.
+    ``seeds=None``: unseeded sampling.
+    """
 
     tokenizer: Any
+    stats: dict[str, int]
 
     def generate(
         self,
         prefixes: list[list[int]],
         params: SamplingParams,
-        generator: torch.Generator | None = None,
+        seeds: list[int] | None = None,
     ) -> list[Generation]: ...
 
-
-def same_device(a: torch.device | str, b: torch.device | str) -> bool:
-    """Whether two devices are the same (``cuda`` without an index matches any ``cuda:N``)."""
-    a, b = torch.device(a), torch.device(b)
-    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
-
-
-def sample_next(
-    logits: torch.Tensor,
-    temperature: float,
-    top_p: float,
-    generator: torch.Generator | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row and return ``(tokens [B], logprobs [B])``.
-
-    ``logits`` is ``[B, V]`` float. The log-prob is of the full tempered distribution.
-    ``generator`` must live on ``logits``' device (:meth:`HFPolicy.generate` makes sure): drawing
-    on another device would copy the probabilities there and back for every token.
-    """
-    if generator is not None and not same_device(generator.device, logits.device):
-        raise ValueError(
-            f"the generator is on {generator.device} but the logits on {logits.device}; "
-            "create it on the model's device (torch.Generator(device=...))")
-    logits = logits.float()
-    if temperature == 0.0:
-        logp = torch.log_softmax(logits, dim=-1)
-        tokens = logits.argmax(dim=-1)
-        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    probs = logp.exp()
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        # Keep a token if the mass before it is below top_p (the first token is always kept).
-        keep_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) < top_p
-        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-        probs = probs * keep
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    def sync_weights(self, model_or_state: Any, version: int) -> None: ...
 
 
 class _StopChecker:
@@ -152,7 +128,8 @@ class HFPolicy:
     - across calls, a :class:`~tracerl.models.prefix_cache.PrefixKVStore` keeps every finished
       row's KV (up to ``prefix_cache_bytes``), so the next turn of an episode, or a branch
       from a boundary of an earlier chain, prefills only the tokens after the longest stored
-      prefix (typically the observation). It is cleared whenever the weights change.
+      prefix (typically the observation). It is cleared by :meth:`sync_weights`, which the
+      trainer calls after every update (the policy shares its model with the trainer).
 
     ``stats`` counts ``prefill_tokens`` (computed), ``reused_prefix_tokens`` (skipped thanks to
     either level) and ``generated_tokens``.
@@ -166,7 +143,8 @@ class HFPolicy:
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id: int = int(pad) if pad is not None else (self.eos_token_id or 0)
         self.store: PrefixKVStore | None = PrefixKVStore(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
-        self._weights_version: int | None = None
+        self.version = 0
+        """Weights version of the last :meth:`sync_weights` (the trainer's optimiser step)."""
         self.stats: dict[str, int] = {"prefill_tokens": 0, "reused_prefix_tokens": 0, "generated_tokens": 0}
 
     @classmethod
@@ -190,16 +168,19 @@ class HFPolicy:
         return next(self.model.parameters()).device
 
     def clear_prefix_cache(self) -> None:
-        """Drop all stored KV (done automatically when parameters change in place)."""
+        """Drop all stored KV (:meth:`sync_weights` does it)."""
         if self.store is not None:
             self.store.clear()
 
-    def _check_weights(self) -> None:
-        # Every in-place update (optimiser step, load_state_dict, no_grad edits) bumps a version.
-        version = sum(p._version for p in self.model.parameters())
-        if version != self._weights_version:
-            self.clear_prefix_cache()
-            self._weights_version = version
+    def sync_weights(self, model_or_state: Any, version: int) -> None:
+        """New weights: ``model_or_state`` is the trainer's model (shared with this policy: nothing
+        to copy) or a state dict loaded into it. Clears the prefix KV store (computed under the old
+        weights) and records ``version``."""
+        if model_or_state is not self.model:
+            state = model_or_state.state_dict() if hasattr(model_or_state, "state_dict") else model_or_state
+            self.model.load_state_dict(state)
+        self.clear_prefix_cache()
+        self.version = int(version)
 
     def device_generator(self, generator: torch.Generator | None) -> torch.Generator | None:
         """A generator on the model's device: ``generator`` itself when it lives there, else a new
@@ -218,14 +199,24 @@ class HFPolicy:
         self,
         prefixes: list[list[int]],
         params: SamplingParams,
+        seeds: list[int] | None = None,
+        *,
         generator: torch.Generator | None = None,
     ) -> list[Generation]:
-        """Sample one continuation per prefix (rows stop on a stop string, EOS or the length cap)."""
+        """Sample one continuation per prefix (rows stop on a stop string, EOS or the length cap).
+
+        ``seeds`` (one per prefix): row ``i`` draws with its own counter-based noise
+        (:func:`~tracerl.models.sampling.sample_next_seeded`), independent of the other rows.
+        Otherwise the batch shares ``generator`` (``torch.multinomial``; rows interact).
+        """
         if not prefixes:
             return []
         if any(len(p) == 0 for p in prefixes):
             raise ValueError("every prefix must hold at least one token")
-        self._check_weights()
+        if seeds is not None and len(seeds) != len(prefixes):
+            raise ValueError(f"seeds has {len(seeds)} entries for {len(prefixes)} prefixes")
+        if seeds is not None and generator is not None:
+            raise ValueError("pass seeds or a generator, not both")
         generator = self.device_generator(generator)
         unique: dict[tuple[int, ...], int] = {}
         row_to_unique = [unique.setdefault(tuple(p), len(unique)) for p in prefixes]
@@ -242,7 +233,8 @@ class HFPolicy:
             if len(unique) < len(prefixes):
                 cache.batch_select_indices(index)  # repeat the shared prefix rows
             rows = [(seqs[u], hits[u][0]) for u in row_to_unique]
-            gens = self._decode(logits[index], cache, mask[index], rows, params, generator)
+            row_seeds = torch.tensor(seeds, dtype=torch.int64, device=logits.device) if seeds is not None else None
+            gens = self._decode(logits[index], cache, mask[index], rows, params, generator, row_seeds)
         finally:
             self.model.train(was_training)
         self.stats["generated_tokens"] += sum(len(g.token_ids) for g in gens)
@@ -329,6 +321,7 @@ class HFPolicy:
         rows: list[tuple[list[int], KVEntry | None]],
         params: SamplingParams,
         generator: torch.Generator | None,
+        seeds: torch.Tensor | None = None,
     ) -> list[Generation]:
         batch = logits.shape[0]
         tokens: list[list[int]] = [[] for _ in range(batch)]
@@ -338,7 +331,11 @@ class HFPolicy:
         positions = torch.tensor([len(seq) for seq, _ in rows], device=logits.device)
         checker = _StopChecker(self.tokenizer, params.stop_strings)
         for step in range(params.max_new_tokens):
-            next_tok, next_lp = sample_next(logits, params.temperature, params.top_p, generator)
+            if seeds is None:
+                next_tok, next_lp = sample_next(logits, params.temperature, params.top_p, generator)
+            else:  # the position is the token's index within its row's generation
+                next_tok, next_lp = sample_next_seeded(
+                    logits, params.temperature, params.top_p, seeds, torch.full_like(seeds, step))
             # One device-to-host copy per step (float32 holds token ids below 2**24 exactly).
             both = torch.stack([next_tok.float(), next_lp.float()]).tolist()
             next_list, lp_list = [int(t) for t in both[0]], both[1]
@@ -361,6 +358,7 @@ class HFPolicy:
                 sel = torch.tensor(keep, device=logits.device)
                 cache.batch_select_indices(sel)
                 mask, positions, next_tok = mask[sel], positions[sel], next_tok[sel]
+                seeds = seeds[sel] if seeds is not None else None
                 live = [live[s] for s in keep]
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=-1)
             out = forward_with_cache(

@@ -1,5 +1,8 @@
-"""Batched multi-turn rollouts with tree branching, and evaluation."""
+"""Batched multi-turn rollouts with tree branching, the executor protocol, and evaluation."""
 
 from tracerl.rollout.engine import EngineConfig, RolloutCost, RolloutEngine
+from tracerl.rollout.executor import ExpandRequest, LocalExecutor, RolloutExecutor, StartRequest
+from tracerl.rollout.session import RolloutSession
 
-__all__ = ["EngineConfig", "RolloutCost", "RolloutEngine"]
+__all__ = ["EngineConfig", "ExpandRequest", "LocalExecutor", "RolloutCost", "RolloutEngine", "RolloutExecutor",
+           "RolloutSession", "StartRequest"]

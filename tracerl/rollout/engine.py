@@ -6,6 +6,25 @@ parsed by the agent format, stepped in the environment, and the rendered observa
 appended as forced tokens. Every prefix is a :class:`~tracerl.core.types.RolloutTree` node;
 finished episodes are attached as leaves.
 
+Trees are addressed by ``tree_id`` (unique among the trees an engine holds; starting a tree
+with an id it already holds replaces the old one). The engine keeps each tree it produced,
+with its task and environment snapshots, until :meth:`RolloutEngine.forget`, so a request
+``(tree_id, node_id, k)`` works whoever holds a copy of the tree (see
+:mod:`tracerl.rollout.executor`).
+
+Seeds: every episode (a chain, or one continuation of a branch) has its own seed, derived from
+the call's seed, its tree id, the node it starts from and its branch index there (the count of
+continuations started from that node before it, in request order), and each turn's generate
+row is seeded with ``(episode seed, turn index)``. With a backend that honours per-row seeds
+(:class:`~tracerl.models.backend.HFPolicy` does) a trajectory therefore does not depend on the
+batch it ran in.
+
+Scheduling vs data model: :meth:`RolloutEngine._run` advances the live episodes one turn per
+batched ``generate`` call (lockstep turns: one batched forward for the HF backend), but
+nothing else assumes lockstep: an episode is its own record (prefix ids, turns, env snapshot,
+seed), node ids are assigned in arrival order and never used to derive seeds, so a backend or
+scheduler that advances episodes independently produces the same trees up to node numbering.
+
 Branching: the engine remembers, per tree it produced, a clone of the environment episode at
 every open boundary (the root and each node after an observation). ``expand`` resumes ``n``
 continuations from such a node with the stored prefix token ids (never regenerated, so shared
@@ -21,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +49,7 @@ import torch
 from tracerl.core.types import RolloutTree, Task, Trajectory, Turn
 from tracerl.envs.base import DEFAULT_MAX_OBSERVATION_TOKENS, DEFAULT_MAX_TURNS
 from tracerl.models.backend import Generation, PolicyBackend, SamplingParams
+from tracerl.models.sampling import derive_seed
 
 Verifier = Callable[[str, Task], float]
 
@@ -82,11 +101,18 @@ class RolloutCost:
 
 @dataclass
 class _TreeState:
-    """What expand() needs for a tree: its task and an episode snapshot per open boundary."""
+    """What expand() needs for a tree: the tree, its task, an episode snapshot per open boundary
+    and, per node, how many continuations were started from it (the next branch index)."""
 
-    tree: weakref.ref[RolloutTree]
+    tree: RolloutTree
     task: Task
     episodes: dict[int, Any] = field(default_factory=dict)
+    branches: dict[int, int] = field(default_factory=dict)
+
+    def next_branches(self, node_id: int, k: int) -> range:
+        first = self.branches.get(node_id, 0)
+        self.branches[node_id] = first + k
+        return range(first, first + k)
 
 
 @dataclass
@@ -99,6 +125,8 @@ class _Live:
     episode: Any
     ids: list[int]
     turns: list[Turn]
+    seed: int = 0
+    """The episode's seed; its turn ``t`` samples with ``derive_seed(seed, t)``."""
 
 
 class RolloutEngine:
@@ -114,7 +142,7 @@ class RolloutEngine:
         self.fmt = fmt
         self.verifier = verifier
         self.config = config
-        self._states: dict[int, _TreeState] = {}
+        self._states: dict[str, _TreeState] = {}
         self._ids = itertools.count()
 
     # --- public API ------------------------------------------------------------------------
@@ -125,58 +153,75 @@ class RolloutEngine:
         n: list[int],
         tree_ids: list[str] | None = None,
         generator: torch.Generator | None = None,
+        seed: int | None = None,
     ) -> tuple[list[RolloutTree], RolloutCost]:
-        """One tree per task holding ``n[i]`` independent chains, all advanced together."""
+        """One tree per task holding ``n[i]`` independent chains, all advanced together.
+
+        ``seed`` seeds the episodes (see the module docstring); without it one draw from
+        ``generator`` (or torch's global generator) is the seed.
+        """
         if len(n) != len(tasks):
             raise ValueError(f"n has {len(n)} entries for {len(tasks)} tasks")
         if any(k < 0 for k in n):
             raise ValueError(f"n must be >= 0 per task, got {n}")
         if tree_ids is not None and len(tree_ids) != len(tasks):
             raise ValueError(f"tree_ids has {len(tree_ids)} entries for {len(tasks)} tasks")
+        if tree_ids is not None and len(set(tree_ids)) != len(tree_ids):
+            raise ValueError(f"tree_ids must be distinct, got {tree_ids}")
+        seed = _call_seed(seed, generator)
         trees, lives = [], []
         for i, task in enumerate(tasks):
             tree_id = tree_ids[i] if tree_ids is not None else f"{task.id}#{next(self._ids)}"
             tree, state = self._new_tree(task, tree_id)
             trees.append(tree)
-            for _ in range(n[i]):
-                lives.append(_Live(tree, state, 0, state.episodes[0].clone(), list(tree.prompt_ids), []))
-        generated = self._run(lives, generator)
+            lives += self._continuations(state, 0, n[i], seed)
+        generated = self._run(lives)
         return trees, RolloutCost(rollouts=sum(n), generated_tokens=generated)
 
     def expand(
-        self, requests: list[tuple[RolloutTree, int, int]], generator: torch.Generator | None = None
+        self,
+        requests: list[tuple[RolloutTree | str, int, int]],
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
     ) -> RolloutCost:
-        """Resume ``k`` continuations from each ``(tree, node_id, k)``; new leaves join the trees."""
-        lives = []
+        """Resume ``k`` continuations from each ``(tree or tree_id, node_id, k)``; new leaves join the trees."""
+        lives: list[_Live] = []
+        seed = _call_seed(seed, generator) if requests else 0
         for tree, node_id, k in requests:
             if k < 0:
                 raise ValueError(f"continuations must be >= 0, got {k} for node {node_id}")
-            state = self._expandable(tree, node_id)
-            path = tree.path(node_id)
-            turns = [tree.nodes[i].turn for i in path[1:]]
-            prefix = tree.prefix_ids(node_id)
-            for _ in range(k):
-                episode = state.episodes[node_id].clone()
-                lives.append(_Live(tree, state, node_id, episode, list(prefix), list(turns)))  # type: ignore[arg-type]
-        generated = self._run(lives, generator)
+            lives += self._continuations(self._expandable(tree, node_id), node_id, k, seed)
+        generated = self._run(lives)
         return RolloutCost(rollouts=len(lives), generated_tokens=generated)
 
     def prompt_ids(self, task: Task) -> list[int]:
         """Token ids of ``task``'s prompt ``S_0`` as this engine's trees start with them."""
         return self.fmt.prompt_ids(task, self.tools, self.tokenizer)
 
-    def can_expand(self, tree: RolloutTree, node_id: int) -> bool:
-        """Whether ``expand`` accepts this node (an open boundary of a tree this engine made)."""
+    def tree(self, tree_id: str) -> RolloutTree:
+        """The tree this engine holds under ``tree_id``."""
+        state = self._states.get(tree_id)
+        if state is None:
+            raise ValueError(f"tree {tree_id!r} was not produced by this engine (or was forgotten)")
+        return state.tree
+
+    def task(self, tree_id: str) -> Task:
+        """The task of the tree held under ``tree_id``."""
+        self.tree(tree_id)
+        return self._states[tree_id].task
+
+    def can_expand(self, tree: RolloutTree | str, node_id: int) -> bool:
+        """Whether ``expand`` accepts this node (an open boundary of a tree this engine holds)."""
         try:
             self._expandable(tree, node_id)
         except ValueError:
             return False
         return True
 
-    def forget(self, trees: list[RolloutTree]) -> None:
-        """Drop the stored episode snapshots of ``trees`` (they are also dropped when a tree is freed)."""
+    def forget(self, trees: list[RolloutTree] | list[str]) -> None:
+        """Drop ``trees`` (objects or ids) and their episode snapshots: they can no longer be expanded."""
         for tree in trees:
-            self._states.pop(id(tree), None)
+            self._states.pop(tree if isinstance(tree, str) else tree.tree_id, None)
 
     # --- tree bookkeeping --------------------------------------------------------------------
 
@@ -188,32 +233,43 @@ class RolloutEngine:
                 f"{self.config.max_total_tokens}"
             )
         tree = RolloutTree(tree_id=tree_id, task_id=task.id, prompt_ids=prompt_ids)
-        state = _TreeState(tree=weakref.ref(tree), task=task)
+        state = _TreeState(tree=tree, task=task)
         state.episodes[0] = self.env.start(task)
-        key = id(tree)
-        self._states[key] = state
-        weakref.finalize(tree, self._states.pop, key, None)
+        self._states[tree_id] = state
         return tree, state
 
-    def _expandable(self, tree: RolloutTree, node_id: int) -> _TreeState:
-        state = self._states.get(id(tree))
-        if state is None or state.tree() is not tree:
-            raise ValueError(f"tree {tree.tree_id!r} was not produced by this engine (or was forgotten)")
-        if not 0 <= node_id < len(tree.nodes):
-            raise ValueError(f"tree {tree.tree_id!r} has no node {node_id}")
-        node = tree.nodes[node_id]
+    def _continuations(self, state: _TreeState, node_id: int, k: int, seed: int) -> list[_Live]:
+        """``k`` live episodes resuming at ``node_id``, each with its own seed and a fresh env clone."""
+        tree = state.tree
+        turns = [tree.nodes[i].turn for i in tree.path(node_id)[1:]]
+        prefix = tree.prefix_ids(node_id)
+        return [
+            _Live(tree, state, node_id, state.episodes[node_id].clone(), list(prefix), list(turns),  # type: ignore[arg-type]
+                  seed=derive_seed(seed, tree.tree_id, node_id, branch))
+            for branch in state.next_branches(node_id, k)
+        ]
+
+    def _expandable(self, tree: RolloutTree | str, node_id: int) -> _TreeState:
+        tree_id = tree if isinstance(tree, str) else tree.tree_id
+        state = self._states.get(tree_id)
+        if state is None:  # a copy of a held tree (same tree_id) addresses the held tree
+            raise ValueError(f"tree {tree_id!r} was not produced by this engine (or was forgotten)")
+        held = state.tree
+        if not 0 <= node_id < len(held.nodes):
+            raise ValueError(f"tree {tree_id!r} has no node {node_id}")
+        node = held.nodes[node_id]
         if not node.is_boundary:
-            raise ValueError(f"node {node_id} of {tree.tree_id!r} is not a boundary (it ends in an answer)")
+            raise ValueError(f"node {node_id} of {tree_id!r} is not a boundary (it ends in an answer)")
         if node.is_leaf or node_id not in state.episodes:
             raise ValueError(
-                f"node {node_id} of {tree.tree_id!r} ended its episode (answer, turn/token limit or "
+                f"node {node_id} of {tree_id!r} ended its episode (answer, turn/token limit or "
                 "infrastructure failure); no turns remain to branch"
             )
         return state
 
     # --- the turn loop -----------------------------------------------------------------------
 
-    def _run(self, lives: list[_Live], generator: torch.Generator | None) -> int:
+    def _run(self, lives: list[_Live]) -> int:
         """Advance every live episode a turn per batched call until all end; returns tokens generated."""
         generated = 0
         cfg = self.config
@@ -225,7 +281,8 @@ class RolloutEngine:
                 top_p=cfg.top_p,
                 stop_strings=tuple(self.fmt.stop_strings),
             )
-            gens = self.backend.generate([lv.ids for lv in lives], params, generator)
+            seeds = [derive_seed(lv.seed, len(lv.turns)) for lv in lives]
+            gens = self.backend.generate([lv.ids for lv in lives], params, seeds)
             still = []
             for live, gen, budget in zip(lives, gens, budgets):
                 gen = self._fit(gen, budget)
@@ -309,3 +366,10 @@ class RolloutEngine:
             else:
                 hi = mid - 1
         return best if best is not None else ids[:limit]
+
+
+def _call_seed(seed: int | None, generator: torch.Generator | None) -> int:
+    """The call's seed: ``seed``, else one draw from ``generator`` (torch's global one when None)."""
+    if seed is not None:
+        return int(seed)
+    return int(torch.randint(0, 2**62, (1,), generator=generator).item())

@@ -1,7 +1,12 @@
 """Rollout schemes: how one training step spends its budget of continuation rollouts.
 
-Every scheme takes the same inputs (an engine, an ordered pool of candidate prompts, a budget
-``M`` of continuation rollouts, a torch generator) and returns the same :class:`SchemeResult`:
+Schemes are planners: they read tree snapshots (and the success predictor) and emit requests
+through a :class:`~tracerl.rollout.session.RolloutSession` (start trees, expand
+``(tree_id, node_id, k)``, score readiness); an executor runs them
+(:mod:`tracerl.rollout.executor`). Every scheme takes the same inputs (a session, or an
+executor or bare engine it wraps in one; an ordered pool of candidate prompts; a budget ``M``
+of continuation rollouts; a torch generator for its own random choices and, without an
+explicit ``seed``, the step's seed) and returns the same :class:`SchemeResult`:
 rollout trees (one per sampled prompt), the sampling cost counted both ways (continuation
 rollouts and generated tokens, spec section 1) and the batch's effective ratio.
 
@@ -22,23 +27,23 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from tracerl.core.allocation import allocate_prefixes, allocate_roots, root_value
 from tracerl.core.types import RolloutTree, Task
 from tracerl.rollout.engine import RolloutCost
+from tracerl.rollout.executor import ScoreFn
+from tracerl.rollout.session import RolloutSession, as_session
 
 if TYPE_CHECKING:
     from tracerl.allocation.predictor import SuccessPredictor
-    from tracerl.rollout.engine import RolloutEngine
 
-ScoreFn = Callable[[Sequence[RolloutTree], Mapping[str, Task]], object]
-"""``ReferenceScorer.score``: writes ``l_k`` (spec section 2 step 1) onto every unscored, not
-infra-failed trajectory of the trees in one batched call; already scored ones are skipped."""
+Target = Any
+"""What ``collect`` runs on: a RolloutSession, a RolloutExecutor or a bare RolloutEngine."""
 
 SCHEME_NAMES = ("chain", "dapo", "tree_random", "trace")
 
@@ -126,7 +131,8 @@ class RolloutScheme(Protocol):
     name: str
 
     def collect(
-        self, engine: RolloutEngine, pool: Sequence[Task], budget: int, generator: torch.Generator | None = None
+        self, target: Target, pool: Sequence[Task], budget: int, generator: torch.Generator | None = None,
+        seed: int | None = None,
     ) -> SchemeResult: ...
 
 
@@ -205,17 +211,14 @@ def expandable_nodes(tree: RolloutTree, since: int = 0) -> list[int]:
     ]
 
 
-def _expand(
-    engine: RolloutEngine,
-    plan: dict[tuple[int, int], int],
-    trees: Sequence[RolloutTree],
-    generator: torch.Generator | None,
-    log: list[tuple[str, int, int]],
-) -> RolloutCost:
-    """Run one batched ``engine.expand`` for ``plan`` ((tree index, node id) -> k); log it."""
-    requests = [(trees[t], nid, k) for (t, nid), k in sorted(plan.items()) if k > 0]
-    log.extend((tree.tree_id, nid, k) for tree, nid, k in requests)
-    return engine.expand(requests, generator=generator) if requests else RolloutCost()
+def plan_requests(plan: dict[tuple[int, int], int], trees: Sequence[RolloutTree]) -> list[tuple[str, int, int]]:
+    """``(tree_id, node_id, k)`` requests of ``plan`` ((tree index, node id) -> k), in a canonical order."""
+    return [(trees[t].tree_id, nid, k) for (t, nid), k in sorted(plan.items()) if k > 0]
+
+
+def _expand(session: RolloutSession, plan: dict[tuple[int, int], int], trees: Sequence[RolloutTree]) -> RolloutCost:
+    """Send ``plan`` as one batched expansion (the session logs it)."""
+    return session.expand(plan_requests(plan, trees))
 
 
 # --------------------------------------------------------------------------- chain / dapo
@@ -228,13 +231,13 @@ class ChainScheme:
         self.config = config
 
     def collect(
-        self, engine: RolloutEngine, pool: Sequence[Task], budget: int, generator: torch.Generator | None = None
+        self, target: Target, pool: Sequence[Task], budget: int, generator: torch.Generator | None = None,
+        seed: int | None = None,
     ) -> SchemeResult:
         n = self.config.group_size
         prompts = _groups_for(budget, n, pool, self.name)
-        trees, cost = engine.rollout(
-            list(pool[:prompts]), [n] * prompts, tree_ids=_tree_ids(range(prompts), pool), generator=generator
-        )
+        session = as_session(target, generator, seed)
+        trees, cost = session.start(list(pool[:prompts]), [n] * prompts, _tree_ids(range(prompts), pool))
         return _result(trees, cost, prompts)
 
 
@@ -263,26 +266,26 @@ class DapoScheme:
         self.config = config
 
     def collect(
-        self, engine: RolloutEngine, pool: Sequence[Task], budget: int, generator: torch.Generator | None = None
+        self, target: Target, pool: Sequence[Task], budget: int, generator: torch.Generator | None = None,
+        seed: int | None = None,
     ) -> SchemeResult:
-        n, target = self.config.group_size, self.config.dapo_target_groups
-        if target is None:
+        n, wanted = self.config.group_size, self.config.dapo_target_groups
+        if wanted is None:
             _groups_for(budget, n, pool, self.name)
         else:
             _check_budget(budget)
+        session = as_session(target, generator, seed)
         kept: list[RolloutTree] = []
         cost, cursor, dropped = RolloutCost(), 0, 0
         while True:
             want = (budget - cost.rollouts) // n
-            if target is not None:
-                want = min(want, target - len(kept))
+            if wanted is not None:
+                want = min(want, wanted - len(kept))
             want = min(want, len(pool) - cursor)
             if want <= 0:
                 break
             idx = list(range(cursor, cursor + want))
-            trees, wave_cost = engine.rollout(
-                [pool[i] for i in idx], [n] * want, tree_ids=_tree_ids(idx, pool), generator=generator
-            )
+            trees, wave_cost = session.start([pool[i] for i in idx], [n] * want, _tree_ids(idx, pool))
             cost, cursor = cost + wave_cost, cursor + want
             for tree in trees:
                 rewards = _valid_rewards(tree)
@@ -290,8 +293,8 @@ class DapoScheme:
                     kept.append(tree)
                 else:
                     dropped += 1
-        if target is not None:
-            kept = kept[:target]
+        if wanted is not None:
+            kept = kept[:wanted]
         return _result(kept, cost, cursor, dropped_groups=float(dropped))
 
 
@@ -312,7 +315,8 @@ class TreeRandomScheme:
         self.config = config
 
     def collect(
-        self, engine: RolloutEngine, pool: Sequence[Task], budget: int, generator: torch.Generator | None = None
+        self, target: Target, pool: Sequence[Task], budget: int, generator: torch.Generator | None = None,
+        seed: int | None = None,
     ) -> SchemeResult:
         cfg = self.config
         _check_budget(budget)
@@ -322,21 +326,18 @@ class TreeRandomScheme:
             raise ValueError(f"tree_random: budget {budget} is below one prompt's planned cost {per_prompt}")
         if prompts > len(pool):
             raise ValueError(f"tree_random: budget {budget} needs {prompts} prompts, the pool holds {len(pool)}")
+        session = as_session(target, generator, seed)
         rng = _python_rng(generator)
-        trees, cost = engine.rollout(
-            list(pool[:prompts]), [cfg.tree_initial] * prompts, tree_ids=_tree_ids(range(prompts), pool),
-            generator=generator,
-        )
-        log: list[tuple[str, int, int]] = []
+        trees, cost = session.start(list(pool[:prompts]), [cfg.tree_initial] * prompts, _tree_ids(range(prompts), pool))
         per_round = prompts * cfg.tree_expand_nodes * cfg.tree_continuations
         for rnd in range(cfg.tree_rounds):
             left = budget - cost.rollouts
             spend = left if rnd == cfg.tree_rounds - 1 else min(left, per_round)
-            cost = cost + _expand(engine, self._plan(trees, spend, rng), trees, generator, log)
+            cost = cost + _expand(session, self._plan(trees, spend, rng), trees)
         left = budget - cost.rollouts
         if left > 0:  # tree_rounds == 0: spend the remainder on root continuations
-            cost = cost + _expand(engine, _round_robin_roots(len(trees), left), trees, generator, log)
-        return _result(trees, cost, prompts, log)
+            cost = cost + _expand(session, _round_robin_roots(len(trees), left), trees)
+        return _result(trees, cost, prompts, session.expansions)
 
     def _plan(self, trees: Sequence[RolloutTree], spend: int, rng: random.Random) -> dict[tuple[int, int], int]:
         cfg = self.config
@@ -367,177 +368,18 @@ def _round_robin_roots(num_trees: int, rollouts: int) -> dict[tuple[int, int], i
     return plan
 
 
-# --------------------------------------------------------------------------- trace
-class TraceScheme:
-    """TRACE allocation (spec section 3): predictor-driven root allocation, then prefix expansion.
-
-    Stage 1 spends ``round(fraction * M)`` rollouts over the candidate prompts with
-    :func:`allocate_roots` on the predictor's root values. When those values are all equal (no
-    predictor, or a cold-start one predicting its prior) the objective cannot tell prompts apart
-    and stage 1 falls back to uniform allocation: ``group_size`` rollouts for each of the first
-    ``M_1 // group_size`` prompts (the chain baseline's shape). Stage 2 takes the boundaries after
-    an observation on the stage-1 rollouts as anchors, scores them with the predictor and spends
-    the rest with :func:`allocate_prefixes` (cap per anchor); rounds > 1 branch from the
-    boundaries the previous round created. Budget that stage 2 cannot place (too few anchors,
-    e.g. rollouts that answered without any tool call) becomes extra root rollouts of the
-    sampled prompts, greedy by marginal :func:`root_value` gain, so cost == budget always.
-
-    With ``score`` (``ReferenceScorer.score``) new leaves are scored in one batched call before
-    their prefixes are valued, so the predictor sees ``l_k``/``V_k`` at allocation time as it did
-    when trained; the scores stay on the trajectories (and tree nodes) for TRACE credit to reuse,
-    and the trainer's own call with the same callable finds them scored.
-    """
-
-    name = "trace"
-
-    def __init__(
-        self,
-        config: SchemeConfig,
-        predictor: SuccessPredictor | None = None,
-        score: ScoreFn | None = None,
-    ) -> None:
-        self.config = config
-        self.predictor = predictor
-        self.score = score
-
-    def collect(
-        self, engine: RolloutEngine, pool: Sequence[Task], budget: int, generator: torch.Generator | None = None
-    ) -> SchemeResult:
-        cfg = self.config
-        _check_budget(budget)
-        cands = list(pool[: cfg.trace_candidates or len(pool)])
-        if not cands:
-            raise ValueError("trace: the prompt pool is empty")
-        values = self._root_values(engine, cands)
-        counts = self._root_counts(values, self._stage1_budget(budget, len(cands)))
-        chosen = [i for i, c in enumerate(counts) if c > 0]
-        trees, cost = engine.rollout(
-            [cands[i] for i in chosen], [counts[i] for i in chosen], tree_ids=_tree_ids(chosen, cands),
-            generator=generator,
-        )
-        tasks = {t.id: t for t in cands}
-        self._score(trees, tasks)
-        info = {"stage1_prompts": float(len(chosen)), "stage1_rollouts": float(cost.rollouts)}
-        info["anchors"], info["stage2_rollouts"] = 0.0, 0.0
-        log: list[tuple[str, int, int]] = []
-        since = [0] * len(trees)  # round 0 branches from every stage-1 boundary
-        for rnd in range(cfg.trace_rounds):
-            spend = (budget - cost.rollouts) // (cfg.trace_rounds - rnd)
-            anchors = self._anchors(trees, since)
-            since = [len(t.nodes) for t in trees]
-            if not anchors or spend <= 0:
-                continue
-            probs = self._node_values([trees[t] for t, _, _ in anchors], [nid for _, nid, _ in anchors])
-            ks = allocate_prefixes(probs, [r for _, _, r in anchors], spend, max_per_anchor=cfg.trace_max_per_anchor)
-            plan = {(t, nid): k for (t, nid, _), k in zip(anchors, ks) if k > 0}
-            step_cost = _expand(engine, plan, trees, generator, log)
-            cost = cost + step_cost
-            info["anchors"] += len(anchors)
-            info["stage2_rollouts"] += step_cost.rollouts
-            self._score(trees, tasks)
-        left = budget - cost.rollouts
-        if left > 0:
-            topup = _root_topup(trees, [values[i] for i in chosen], left)
-            cost = cost + _expand(engine, topup, trees, generator, log)
-        info["root_topup"] = float(left)
-        return _result(trees, cost, len(cands), log, **info)
-
-    def _stage1_budget(self, budget: int, candidates: int) -> int:
-        cfg = self.config
-        if budget < cfg.min_per_prompt:
-            raise ValueError(
-                f"trace: budget {budget} is below the {cfg.min_per_prompt} rollouts a selected prompt gets at least "
-                "(trace_min_per_prompt, or group_size when unset)"
-            )
-        stage1 = max(cfg.min_per_prompt, round(cfg.trace_stage1_fraction * budget))
-        if cfg.trace_max_per_prompt is not None:  # the rest moves to stage 2 / top-up
-            stage1 = min(stage1, candidates * cfg.trace_max_per_prompt)
-        return stage1
-
-    def _root_values(self, engine: RolloutEngine, cands: Sequence[Task]) -> list[float]:
-        if self.predictor is None:
-            return [0.5] * len(cands)
-        prompts = [engine.prompt_ids(t) for t in cands]
-        return self.predictor.predict_roots([t.id for t in cands], prompts)
-
-    def _node_values(self, trees: Sequence[RolloutTree], node_ids: Sequence[int]) -> list[float]:
-        if self.predictor is None:
-            return [0.5] * len(node_ids)
-        return self.predictor.predict_nodes(trees, node_ids)
-
-    def _root_counts(self, values: Sequence[float], stage1: int) -> list[int]:
-        """Stage-1 counts spending ``stage1``, or the most below it that the bounds allow.
-
-        (Only odd corners need less, e.g. ``min == max == 2`` and an odd ``stage1``; the rest then
-        goes to stage 2.)
-        """
-        constant = max(values) - min(values) <= 1e-9
-        for spend in range(stage1, self.config.min_per_prompt - 1, -1):
-            counts = self._uniform_counts(len(values), spend) if constant else self._optimal_counts(values, spend)
-            if counts is not None:
-                return counts
-        raise ValueError(f"trace: no stage-1 allocation of at most {stage1} rollouts fits the per-prompt bounds")
-
-    def _optimal_counts(self, values: Sequence[float], spend: int) -> list[int] | None:
-        cfg = self.config
-        try:
-            return allocate_roots(
-                values, spend, min_per_prompt=cfg.min_per_prompt, max_per_prompt=cfg.trace_max_per_prompt
-            )
-        except ValueError:
-            return None
-
-    def _uniform_counts(self, prompts: int, spend: int) -> list[int] | None:
-        """Uninformative predictor: groups of about ``group_size`` on the first prompts."""
-        cfg = self.config
-        cap = cfg.trace_max_per_prompt
-        k = max(1, spend // cfg.group_size, math.ceil(spend / cap) if cap else 1)
-        k = min(k, prompts, spend // cfg.min_per_prompt)
-        base, extra = divmod(spend, k)
-        if cap is not None and base + (extra > 0) > cap:
-            return None
-        return [base + 1] * extra + [base] * (k - extra) + [0] * (prompts - k)
-
-    def _anchors(self, trees: Sequence[RolloutTree], since: Sequence[int]) -> list[tuple[int, int, float]]:
-        """(tree index, node id, observed reward of the one rollout through it) per new boundary."""
-        out = []
-        for t, tree in enumerate(trees):
-            for nid in expandable_nodes(tree, since[t]):
-                leaf = nid
-                while not tree.nodes[leaf].is_leaf:  # new nodes lie on exactly one rollout
-                    leaf = tree.nodes[leaf].children[0]
-                traj = tree.trajectories.get(leaf)
-                if traj is not None and not traj.infra_failed:
-                    out.append((t, nid, float(traj.reward)))
-        return out
-
-    def _score(self, trees: Sequence[RolloutTree], tasks: dict[str, Task]) -> None:
-        if self.score is not None:
-            self.score(trees, tasks)
-
-
-def _root_topup(trees: Sequence[RolloutTree], values: Sequence[float], left: int) -> dict[tuple[int, int], int]:
-    """Extra root rollouts, greedy by marginal ``root_value`` gain (concave for m >= 1)."""
-    sizes = [len(tree.leaves()) for tree in trees]
-    plan: dict[tuple[int, int], int] = {}
-    for _ in range(left if trees else 0):
-        gains = [root_value(v, m + 1) - root_value(v, m) for v, m in zip(values, sizes)]
-        best = max(range(len(gains)), key=lambda i: (gains[i], -i))
-        sizes[best] += 1
-        plan[(best, 0)] = plan.get((best, 0), 0) + 1
-    return plan
-
-
 # --------------------------------------------------------------------------- registry
 def get_scheme(
     name: str,
     config: SchemeConfig | None = None,
     predictor: SuccessPredictor | None = None,
-    score: ScoreFn | None = None,
+    score: ScoreFn | bool | None = None,
 ) -> RolloutScheme:
     """The scheme called ``name``; ``predictor``/``score`` are used by ``trace`` only.
 
-    ``trace`` without a predictor is the uniform+uniform ablation (every value 0.5).
+    ``score``: trace asks the executor for readiness after each stage (``True``), and a bare
+    engine passed to ``collect`` is wrapped with this scorer when it is a callable
+    (``ReferenceScorer.score``). ``trace`` without a predictor is the uniform+uniform ablation.
     """
     cfg = config if config is not None else SchemeConfig()
     if name == "chain":
@@ -547,5 +389,7 @@ def get_scheme(
     if name == "tree_random":
         return TreeRandomScheme(cfg)
     if name == "trace":
+        from tracerl.allocation.trace_scheme import TraceScheme  # lives with the predictor
+
         return TraceScheme(cfg, predictor, score)
     raise ValueError(f"unknown rollout scheme {name!r}; valid names: {', '.join(SCHEME_NAMES)}")

@@ -22,6 +22,7 @@ from tracerl.envs.synthwiki import WorldConfig
 from tracerl.core.registry import Registry, RegistryError, is_import_path
 from tracerl.envs.environments import ENVIRONMENTS, load_tools
 from tracerl.envs.verifiers import VERIFIERS
+from tracerl.models.factory import BACKENDS, VLLM_MISSING, vllm_available
 from tracerl.models.lora import PEFT_MISSING, peft_available
 from tracerl.models.tiny_config import DEFAULT_WORLD, SMOKE_WORLD
 from tracerl.rollout.engine import EngineConfig
@@ -187,9 +188,20 @@ class ModelConfig:
     device: str = "cpu"
     """``cpu``, ``cuda`` or ``cuda:N``."""
     lora: LoraConfig = field(default_factory=LoraConfig)
+    backend: str = "hf"
+    """Rollout generation: ``hf`` (the built-in Hugging Face sampling loop on the training model)
+    or ``vllm`` (``pip install 'tracerl[vllm]'``; weights pushed after every update)."""
+    vllm_gpu_memory_utilization: float = 0.5
+    """``vllm`` only: share of the GPU memory vLLM may take (the trainer keeps the rest)."""
 
     def __post_init__(self) -> None:
         _registered("model", "format", self.format, FORMATS)
+        _one_of("model", "backend", self.backend, BACKENDS)
+        if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"model.vllm_gpu_memory_utilization must be in (0, 1], "
+                              f"got {self.vllm_gpu_memory_utilization}")
+        if self.backend == "vllm" and not vllm_available():
+            raise ConfigError(VLLM_MISSING)
         _one_of("model", "dtype", self.dtype, ["float32", "bfloat16", "float16"])
         check_device(self.device)  # cheap (no CUDA init); model.name_or_path: see resolve_config
         if self.dtype == "float16" and not self.device.startswith("cuda"):
@@ -265,10 +277,16 @@ class OptimConfig:
     gradient_checkpointing: bool = False
     """Recompute decoder activations in backward (``gradient_checkpointing_enable``, non-reentrant):
     less activation memory for about one extra forward per update."""
+    recompute_old_logprobs: str = "auto"
+    """Importance-sampling guard: recompute the old log-probs with the training model before the
+    update (``always``), never (``never``: trust the sampler's), or when the sampler is another
+    engine (``auto``: when ``model.backend != 'hf'``). When recomputed, the per-step
+    ``logprob_mismatch_mean_abs``/``_max`` between sampler and trainer log-probs are logged."""
 
     def __post_init__(self) -> None:
         _one_of("optim", "schedule", self.schedule, ["constant", "cosine", "linear"])
         _one_of("optim", "loss_agg", self.loss_agg, available_aggregations())
+        _one_of("optim", "recompute_old_logprobs", self.recompute_old_logprobs, ["auto", "always", "never"])
         check_finite("optim", self)
         _positive("optim", lr=self.lr, grad_clip=self.grad_clip, micro_batch_size=self.micro_batch_size,
                   updates_per_step=self.updates_per_step, max_nonfinite_steps=self.max_nonfinite_steps)

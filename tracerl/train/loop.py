@@ -1,7 +1,9 @@
 """The training loop, readable top to bottom (see :meth:`Trainer.step`).
 
-pick prompts -> rollout scheme -> rewards (verified inside the engine) -> reference readiness
-when credit is on -> advantages -> clipped-PPO update -> predictor update -> log + checkpoint.
+pick prompts -> rollout scheme (a planner sending requests to the executor) -> rewards (verified
+inside the engine) -> reference readiness when credit is on (the executor's score call) ->
+advantages -> clipped-PPO update -> weights synced to the backend -> predictor update -> log +
+checkpoint.
 """
 
 from __future__ import annotations
@@ -20,18 +22,21 @@ import torch
 from tracerl.agent.formats import get_format
 from tracerl.allocation.predictor import SuccessPredictor
 from tracerl.core.advantages import AdvantageBatch, get_estimator
-from tracerl.core.types import RolloutTree, Trajectory
+from tracerl.core.types import Trajectory
 from tracerl.envs.health import ToolHealth
 from tracerl.envs.verifiers import get_verifier
-from tracerl.models.backend import HFPolicy
+from tracerl.models.factory import make_backend
 from tracerl.models.loading import load_model
 from tracerl.models.lora import apply_lora, trainable_parameters
 from tracerl.models.memory import enable_gradient_checkpointing
 from tracerl.models.precision import DTYPES, compute_context, grad_scaler
+from tracerl.models.sampling import derive_seed
 from tracerl.models.scoring import ReferenceScorer
 from tracerl.rollout.engine import RolloutEngine
 from tracerl.rollout.evaluate import evaluate
+from tracerl.rollout.executor import LocalExecutor
 from tracerl.rollout.schemes import get_scheme
+from tracerl.rollout.session import RolloutSession
 from tracerl.train.checkpoint import (
     LATEST,
     RngState,
@@ -55,7 +60,7 @@ from tracerl.train.runfolder import (
     temp_path,
     write_atomic,
 )
-from tracerl.train.update import UpdateSettings, policy_update
+from tracerl.train.update import UpdateSettings, policy_update, with_trainer_logprobs
 
 INITIAL = "initial"
 """Run sub-folder with the initial policy: the frozen reference is always rebuilt from it."""
@@ -167,13 +172,16 @@ class Trainer:
         self.reference = (ReferenceScorer(self.model, self.tokenizer, self.fmt, dtype=ref_dtype)
                           if needs_reference else None)
         verifier = get_verifier(cfg.data.verifier)
-        backend = HFPolicy(self.model, self.tokenizer)
-        self.engine = RolloutEngine(backend, self.data.environment, self.fmt, verifier, cfg.rollout.engine)
+        self.backend = make_backend(cfg.model, self.model, self.tokenizer, seed=cfg.seed)
+        self.engine = RolloutEngine(self.backend, self.data.environment, self.fmt, verifier, cfg.rollout.engine)
         eval_engine_cfg = replace(cfg.rollout.engine, temperature=cfg.eval.temperature)
-        self.eval_engine = RolloutEngine(backend, self.data.environment, self.fmt, verifier, eval_engine_cfg)
-        self.predictor = SuccessPredictor(cfg.predictor) if cfg.uses_predictor else None
+        self.eval_engine = RolloutEngine(self.backend, self.data.environment, self.fmt, verifier, eval_engine_cfg)
         score = self.reference.score if (self.reference and cfg.algo.credit) else None
-        self.scheme = get_scheme(cfg.rollout.scheme, cfg.rollout.schemes, self.predictor, score)
+        self.executor = LocalExecutor(self.engine, score)
+        self.predictor = SuccessPredictor(cfg.predictor) if cfg.uses_predictor else None
+        self.scheme = get_scheme(cfg.rollout.scheme, cfg.rollout.schemes, self.predictor, score is not None)
+        recompute = cfg.optim.recompute_old_logprobs
+        self.recompute_old_logprobs = recompute == "always" or (recompute == "auto" and cfg.model.backend != "hf")
         self.estimator = get_estimator(cfg.algo.estimator)
         o = cfg.optim
         # AdamW over float32 master weights (only the adapters under LoRA); its state is float32 too.
@@ -202,17 +210,20 @@ class Trainer:
         pool = take_pool(self.data.train, self.cursor, cfg.rollout.pool_size)
         self.model.eval()
         self.data.environment.take_tool_stats()  # drop calls made outside training (evaluation)
+        # Every generate row's seed derives from (run seed, step, tree, node, branch, turn).
+        session = RolloutSession(self.executor, derive_seed(cfg.seed, "step", self.step_index))
         with self._compute():
-            result = self.scheme.collect(self.engine, pool, cfg.rollout.budget, self.generator)
+            result = self.scheme.collect(session, pool, cfg.rollout.budget, self.generator)
         tools = self.data.environment.take_tool_stats()
         self.tool_health.observe(tools.calls, tools.failures, tools.last_failure)  # stops a run whose tools all fail
         self.cursor += result.consumed
         trajectories = [t for tree in result.trees for t in tree.trajectories.values()]
         clock = self._phase_end(timings, "rollout", clock)
 
+        rollout_inner = dict(session.seconds)  # executor time inside the scheme (the rest is planning)
         if cfg.algo.credit:
             with self._compute():
-                self._score_readiness(result.trees)
+                session.score(result.trees)  # readiness of what the scheme did not score already
         clock = self._phase_end(timings, "scoring", clock)
 
         batch = AdvantageBatch(trajectories, {tree.tree_id: tree for tree in result.trees})
@@ -220,17 +231,19 @@ class Trainer:
         clock = self._phase_end(timings, "advantages", clock)
 
         update = self._update([(t, a) for t, a in zip(trajectories, advantages) if not t.infra_failed])
+        self.executor.sync_weights(self.model, self.step_index + 1)  # the backend samples from the new weights
         clock = self._phase_end(timings, "update", clock)
 
         predictor_metrics = self.predictor.update(result.trees) if self.predictor is not None else {}
         self._phase_end(timings, "predictor", clock)
-        self.engine.forget(result.trees)
+        session.forget()
 
         self.step_index += 1
         self.totals["rollouts"] += result.cost.rollouts
         self.totals["generated_tokens"] += result.cost.generated_tokens
         record = self._record(result, trajectories, update, predictor_metrics, timings)
         record.update(tool_calls=tools.calls, tool_failures=tools.failures, **self._peaks)
+        record.update(time_rollout_execute=rollout_inner["execute"], time_rollout_readiness=rollout_inner["score"])
         return record
 
     def _phase_end(self, timings: dict[str, float], name: str, since: float) -> float:
@@ -240,12 +253,6 @@ class Trainer:
             self._peaks[f"peak_mem_gb_{name}"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
             torch.cuda.reset_peak_memory_stats(device)
         return _lap(timings, name, since)
-
-    def _score_readiness(self, trees: list[RolloutTree]) -> None:
-        """One batched reference call for the step's trajectories the scheme has not scored yet
-        (infra failures skipped); prefixes shared within a tree are scored once."""
-        assert self.reference is not None
-        self.reference.score(trees, self.tasks)
 
     def _compute(self) -> ContextManager[Any]:
         """The working precision (``model.dtype``) for forwards: bf16/fp16 autocast or nothing.
@@ -258,14 +265,19 @@ class Trainer:
                     "nonfinite_skipped": 0.0}
         # The scorer, not its model: its frozen() disables a LoRA adapter around the KL forward.
         reference = self.reference if (self.reference and self.config.optim.kl_coef > 0) else None
-        chunks = np.array_split(np.arange(len(pairs)), min(self.config.optim.updates_per_step, len(pairs)))
         merged: dict[str, float] = {}
+        if self.recompute_old_logprobs:  # importance-sampling guard: the trainer's own old log-probs
+            with torch.no_grad():
+                trajectories, merged = with_trainer_logprobs(self.model, [p[0] for p in pairs],
+                                                             self.update_settings, self.tokenizer.pad_token_id)
+            pairs = [(t, a) for t, (_, a) in zip(trajectories, pairs)]
+        chunks = np.array_split(np.arange(len(pairs)), min(self.config.optim.updates_per_step, len(pairs)))
         for chunk in chunks:
             part = [pairs[i] for i in chunk]
             metrics = policy_update(self.model, self.optimizer, [p[0] for p in part], [p[1] for p in part],
                                     self.update_settings, self.tokenizer.pad_token_id, reference, self.scaler)
             for key, value in metrics.items():
-                merged[key] = merged.get(key, 0.0) + value / len(chunks)
+                merged[key] = merged.get(key, 0.0) + value / len(chunks)  # the mismatch keys are not among them
         self.scheduler.step()
         return merged
 
@@ -395,6 +407,7 @@ class Trainer:
         self.step_index, self.cursor, self.totals = state["step"], state["cursor"], state["totals"]
         self.nonfinite = dict(state.get("nonfinite", self.nonfinite))
         RngState.from_dict(state["rng"]).restore(self.generator)
+        self.executor.sync_weights(self.model, self.step_index)  # the backend samples from the loaded weights
         self.log.truncate_after(self.step_index)
 
     def close(self, *, discard: bool = False) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Sequence
 
@@ -221,6 +222,59 @@ def policy_update(
         "nonfinite_skipped": 0.0 if (finite or scaler_overflow) else 1.0,
         "scaler_skipped": 1.0 if scaler_overflow else 0.0,
     }
+
+
+@torch.no_grad()
+def with_trainer_logprobs(model: Any, trajectories: Sequence[Trajectory], settings: UpdateSettings,
+                          pad_id: int) -> tuple[list[Trajectory], dict[str, float]]:
+    """Importance-sampling guard: copies of ``trajectories`` whose turns carry the training model's
+    log-probs of the sampled tokens (the PPO ratio's old policy), and the sampler/trainer mismatch.
+
+    The sampler's log-probs come from another engine (vLLM), precision or kernel; the update's
+    ratio must compare the trainer's new log-probs with the trainer's own old ones, or the
+    mismatch reads as policy change and gets clipped. Returns
+    ``{"logprob_mismatch_mean_abs", "logprob_mismatch_max"}`` over sampled tokens (|sampler - trainer|).
+    One no-grad forward per micro-batch, under the working precision.
+    """
+    device, was_training = model_device(model), model.training
+    model.eval()  # as the sampler saw it (no dropout)
+    try:
+        fresh, metrics = _trainer_logprobs(model, trajectories, settings, pad_id, device)
+    finally:
+        model.train(was_training)
+    return [_replace_logprobs(t, fresh[i]) for i, t in enumerate(trajectories)], metrics
+
+
+def _trainer_logprobs(model: Any, trajectories: Sequence[Trajectory], settings: UpdateSettings, pad_id: int,
+                      device: torch.device) -> tuple[dict[int, list[float]], dict[str, float]]:
+    order = sorted(range(len(trajectories)), key=lambda i: len(trajectories[i].token_ids))
+    fresh: dict[int, list[float]] = {}
+    total, count, worst = 0.0, 0, 0.0
+    for start in range(0, len(order), settings.micro_batch_size):
+        rows = order[start : start + settings.micro_batch_size]
+        part = [trajectories[i] for i in rows]
+        batch = pad_trajectories(part, [torch.zeros(len(t.token_ids)) for t in part], pad_id, device)
+        with compute_context(batch.input_ids.device, settings.dtype):
+            logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask, settings.temperature,
+                                      settings.logprob_chunk)
+        gap = (logprobs - batch.old_logprobs).abs() * batch.loss_mask
+        total += float(gap.sum())
+        count += int(batch.loss_mask.sum())
+        worst = max(worst, float(gap.max())) if gap.numel() else worst
+        values = logprobs.float().cpu().tolist()
+        for row, i in enumerate(rows):
+            fresh[i] = values[row][: len(trajectories[i].token_ids)]
+    return fresh, {"logprob_mismatch_mean_abs": total / max(count, 1), "logprob_mismatch_max": worst}
+
+
+def _replace_logprobs(trajectory: Trajectory, logprobs: list[float]) -> Trajectory:
+    """A copy of ``trajectory`` whose turns' ``logprobs`` are read from ``logprobs`` [L] (aligned with token_ids)."""
+    turns, pos = [], len(trajectory.prompt_ids)
+    for turn in trajectory.turns:
+        n = len(turn.assistant_ids)
+        turns.append(dataclasses.replace(turn, logprobs=logprobs[pos : pos + n]))
+        pos += n + len(turn.observation_ids)
+    return dataclasses.replace(trajectory, turns=turns)
 
 
 def _micro_batch_loss(model: Any, batch: PaddedBatch, settings: UpdateSettings, normaliser: float,

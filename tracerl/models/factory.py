@@ -1,0 +1,37 @@
+"""Build the policy backend named by ``model.backend`` (``hf`` or ``vllm``).
+
+vLLM is an optional extra: it is imported here only when asked for, so the core, the demo and
+the default tests never import it. Config load already refused ``vllm`` when it is missing
+(:class:`~tracerl.train.config.ModelConfig`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from tracerl.models.backend import HFPolicy, PolicyBackend
+
+BACKENDS = ("hf", "vllm")
+VLLM_MISSING = "model.backend = 'vllm' needs vLLM: pip install 'tracerl[vllm]' (or make vllm)"
+
+
+def vllm_available() -> bool:
+    """Whether vLLM can be imported (found without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def make_backend(config: Any, model: Any, tokenizer: Any, *, seed: int = 0) -> PolicyBackend:
+    """The backend of ``config`` (a ``ModelConfig``: ``backend``, ``vllm_gpu_memory_utilization``)
+    sampling from ``model`` (the trainer's model; the backend gets its weights through
+    ``sync_weights`` after every update)."""
+    name = getattr(config, "backend", "hf")
+    if name == "hf":
+        return HFPolicy(model, tokenizer)
+    if name == "vllm":
+        if not vllm_available():
+            raise ValueError(VLLM_MISSING)
+        from tracerl.models.vllm_backend import VLLMPolicy  # optional extra: imported on demand only
+
+        return VLLMPolicy(model, tokenizer, gpu_memory_utilization=config.vllm_gpu_memory_utilization, seed=seed)
+    raise ValueError(f"model.backend = {name!r} is not valid; allowed values: {', '.join(BACKENDS)}")
