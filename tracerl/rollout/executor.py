@@ -110,13 +110,13 @@ def from_json(cls: type, text: str) -> Any:
 
 
 def task_record(task: Task) -> dict[str, Any]:
-    """``task`` as plain JSON types (tuples become lists)."""
-    data = dataclasses.asdict(task)
-    return {**data, "answers": list(task.answers), "supporting_titles": list(task.supporting_titles)}
+    """``task`` as plain JSON types (its tuple fields become lists)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(task).items()}
 
 
 def task_from_record(data: Mapping[str, Any]) -> Task:
-    return Task(**{**data, "answers": tuple(data["answers"]), "supporting_titles": tuple(data["supporting_titles"])})
+    """The inverse of :func:`task_record` (lists back to the tuples ``Task`` holds)."""
+    return Task(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
 def turn_from_record(data: Mapping[str, Any]) -> Turn:
