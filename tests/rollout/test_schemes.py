@@ -194,7 +194,7 @@ def test_effective_ratio_pools_trees_of_one_prompt() -> None:
 
 def test_bad_requests_fail_clearly(setup) -> None:
     w, engine = setup
-    with pytest.raises(ValueError, match="valid names: chain, dapo, tree_random, trace"):
+    with pytest.raises(ValueError, match="unknown rollout scheme .grpo.; valid: chain, dapo, trace, tree_random"):
         get_scheme("grpo")
     with pytest.raises(ValueError, match="multiple of group_size"):
         get_scheme("chain").collect(engine, w.train, 30)

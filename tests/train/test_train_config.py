@@ -49,7 +49,7 @@ def test_smoke_overlay_uses_a_random_tiny_model_and_a_tiny_world() -> None:
         ("nonsense=1", "unknown config key 'nonsense'"),
         ("optim.schedule=sometimes", "allowed values: constant, cosine, linear"),
         ("algo.estimator=ppo", "algo.estimator = 'ppo' is not valid; allowed values:"),
-        ("rollout.scheme=beam", "allowed values: chain, dapo, tree_random, trace"),
+        ("rollout.scheme=beam", "allowed values: chain, dapo, trace, tree_random or a package.module:attribute path"),
         ("optim.lr=fast", 'field "optim.lr"'),
         ("rollout.engine.max_turns=0", "rollout.engine.max_turns must be >= 1"),
         ("data.world.max_hops=7", "data.world.max_hops must be <= 4"),

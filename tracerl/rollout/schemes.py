@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from tracerl.core.allocation import allocate_prefixes, allocate_roots, root_value
+from tracerl.core.registry import Registry
 from tracerl.core.types import RolloutTree, Task
 from tracerl.rollout.engine import RolloutCost
 from tracerl.rollout.executor import ScoreFn
@@ -46,6 +47,7 @@ Target = Any
 """What ``collect`` runs on: a RolloutSession, a RolloutExecutor or a bare RolloutEngine."""
 
 SCHEME_NAMES = ("chain", "dapo", "tree_random", "trace")
+"""The built-in schemes (:data:`SCHEMES` holds them and any registered later)."""
 
 
 def _int_at_least(name: str, value: object, minimum: int) -> None:
@@ -369,27 +371,38 @@ def _round_robin_roots(num_trees: int, rollouts: int) -> dict[tuple[int, int], i
 
 
 # --------------------------------------------------------------------------- registry
+SchemeFactory = Any
+"""``(config, predictor, score) -> RolloutScheme``: what :data:`SCHEMES` holds."""
+
+
+def _plain(cls: type) -> SchemeFactory:
+    """A factory for a scheme that needs neither the predictor nor the scorer."""
+
+    def make(config: SchemeConfig, predictor: Any = None, score: Any = None) -> RolloutScheme:
+        return cls(config)
+
+    make.__name__ = f"make_{cls.__name__}"
+    return make
+
+
+SCHEMES: Registry[SchemeFactory] = Registry("rollout scheme")
+"""Rollout schemes by name (``rollout.scheme``); a ``package.module:factory`` path works too."""
+SCHEMES.add("chain", _plain(ChainScheme))
+SCHEMES.add("dapo", _plain(DapoScheme))
+SCHEMES.add("tree_random", _plain(TreeRandomScheme))
+SCHEMES.add_lazy("trace", "tracerl.allocation.trace_scheme:TraceScheme")  # lives with the predictor
+
+
 def get_scheme(
     name: str,
     config: SchemeConfig | None = None,
     predictor: SuccessPredictor | None = None,
     score: ScoreFn | bool | None = None,
 ) -> RolloutScheme:
-    """The scheme called ``name``; ``predictor``/``score`` are used by ``trace`` only.
+    """The scheme called ``name`` (or at an import path); ``predictor``/``score`` are used by ``trace``.
 
     ``score``: trace asks the executor for readiness after each stage (``True``), and a bare
     engine passed to ``collect`` is wrapped with this scorer when it is a callable
     (``ReferenceScorer.score``). ``trace`` without a predictor is the uniform+uniform ablation.
     """
-    cfg = config if config is not None else SchemeConfig()
-    if name == "chain":
-        return ChainScheme(cfg)
-    if name == "dapo":
-        return DapoScheme(cfg)
-    if name == "tree_random":
-        return TreeRandomScheme(cfg)
-    if name == "trace":
-        from tracerl.allocation.trace_scheme import TraceScheme  # lives with the predictor
-
-        return TraceScheme(cfg, predictor, score)
-    raise ValueError(f"unknown rollout scheme {name!r}; valid names: {', '.join(SCHEME_NAMES)}")
+    return SCHEMES.get(name)(config if config is not None else SchemeConfig(), predictor, score)

@@ -26,7 +26,7 @@ from tracerl.models.factory import BACKENDS, VLLM_MISSING, vllm_available
 from tracerl.models.lora import PEFT_MISSING, peft_available
 from tracerl.models.tiny_config import DEFAULT_WORLD, SMOKE_WORLD
 from tracerl.rollout.engine import EngineConfig
-from tracerl.rollout.schemes import SCHEME_NAMES, SchemeConfig
+from tracerl.rollout.schemes import SCHEMES, SchemeConfig
 from tracerl.train.config_checks import check_budget, check_device, check_extra, check_finite, check_model_source
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, to_dict
 
@@ -222,7 +222,7 @@ class RolloutConfig:
     schemes: SchemeConfig = field(default_factory=SchemeConfig)
 
     def __post_init__(self) -> None:
-        _one_of("rollout", "scheme", self.scheme, SCHEME_NAMES)
+        _registered("rollout", "scheme", self.scheme, SCHEMES)
         _positive("rollout", budget=self.budget, pool_size=self.pool_size)
         check_finite("rollout", self)
         if not self.engine.temperature > 0:  # the update divides logits by it: 0 makes every log-prob NaN
