@@ -99,7 +99,7 @@ def first_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
 
 def save_checkpoint(
     run_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any], config_yaml: str,
-    *, keep_last: int = 1,
+    keep_last: int = 1,
 ) -> Path:
     """Write checkpoint ``step`` atomically, point ``LATEST`` at it, then keep the newest ``keep_last``.
 

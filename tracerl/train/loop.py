@@ -188,6 +188,8 @@ class Trainer:
         self.tool_health = ToolHealth(cfg.data.max_failed_tool_steps)
         self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, config=cfg)
         self.rollout_log = RolloutLog(self.run_dir, self.tasks, enabled=cfg.log.rollouts)
+        if self.resume_from is None:  # a (re)start from step 0 keeps no records of a lost attempt
+            self.rollout_log.truncate_after(0)
         if self.resume_from is not None:
             self._restore(self.resume_from)
 
@@ -392,7 +394,7 @@ class Trainer:
             "rng": RngState.capture(self.generator).to_dict(),
         }
         return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
-                               config_to_yaml(self.config), keep_last=self.config.log.keep_last)
+                               config_to_yaml(self.config), self.config.log.keep_last)
 
     def _restore(self, folder: Path) -> None:
         load_policy_into(self.model, folder)

@@ -21,7 +21,7 @@ import socket
 from pathlib import Path
 
 LOCK_FILE = ".lock"
-STATE_NAMES = ("metrics.jsonl", "initial", "LATEST", "rollouts")
+STATE_NAMES = ("metrics.jsonl", "initial", "LATEST")
 """Files and folders whose presence means a run already trained (or began to) here; ``ckpt-*`` too."""
 
 _TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
