@@ -75,3 +75,17 @@ def test_usage_errors_are_one_line(args: list[str], needle: str) -> None:
 def test_a_run_without_checkpoint_is_named(tmp_path: Path) -> None:
     result = invoke("eval", "--run", str(tmp_path))
     assert result.exit_code == 1 and "no checkpoint yet" in result.stderr
+
+
+@pytest.mark.extras
+def test_eval_run_of_a_lora_run_loads_the_adapter_on_the_initial_base(tmp_path: Path) -> None:
+    pytest.importorskip("peft")
+    from tracerl.train.evaluation import eval_run
+
+    config = resolve_config("grpo", smoke=True, overrides=["steps=1", "eval.size=2", "rollout.engine.max_turns=2",
+                                                            "model.lora.r=4", "optim.lr=1e-2"])
+    with Trainer(config, tmp_path / "run") as trainer:
+        trainer.run()
+    assert (tmp_path / "run" / "ckpt-000001" / "policy" / "adapter_config.json").is_file()
+    metrics = eval_run(tmp_path / "run", limit=2)
+    assert metrics["trajectories"] == 2 and metrics["checkpoint"].endswith("ckpt-000001")
