@@ -8,6 +8,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRACERL_THREADS", "1")  # runs set torch threads from it (models/threads.py)
 
 
 @pytest.fixture(autouse=True)

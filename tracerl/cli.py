@@ -153,10 +153,13 @@ def pretrain(
     steps: int = typer.Option(None, help="Optimiser steps (default from the preset)."),
     seed: int = typer.Option(None, help="Seed of data and initialisation (default 0)."),
     preset: str = typer.Option("default", help="default (a few minutes on 2 CPU cores), two_layer or smoke (seconds)."),
+    threads: int = typer.Option(0, help="torch CPU threads; 0: $TRACERL_THREADS or all available cores."),
 ) -> None:
     """Pretrain the embedded tiny base model (or reuse the cached one) and print its folder."""
+    from tracerl.models.threads import set_threads
     from tracerl.models.tiny import pretrained_folder
 
+    set_threads(threads)  # under load, torch's default thread count made pretraining ~7x slower
     _STATE["writing"] = out
     path = pretrained_folder(preset, out=out, steps=steps, seed=seed)
     typer.echo(str(path))
@@ -165,38 +168,56 @@ def pretrain(
 @app.command("eval")
 @_guarded("eval")
 def eval_model(
-    model: str = typer.Option(..., help="Model folder (or hub name) loadable by AutoModelForCausalLM."),
-    tasks: str = typer.Option(..., help="Tasks JSONL (id, question, answers)."),
-    corpus: str = typer.Option(..., help="Corpus JSONL (id, title, text) for the search tool."),
-    samples: int = typer.Option(1, help="Rollouts per task (k of pass@k)."),
+    model: str = typer.Option(None, help="Model folder, hub name, or tiny (the embedded model); or use --run."),
+    run: str = typer.Option(None, "--run", help="Run folder: its latest checkpoint with the run's format, limits "
+                                               "and held-out data (--tasks/--corpus replace the data)."),
+    tasks: str = typer.Option(None, help="Tasks JSONL (id, question, answers); needed with --model."),
+    corpus: str = typer.Option(None, help="Corpus JSONL (id, title, text) for the search tool; needed with --model."),
+    samples: int = typer.Option(1, help="Rollouts per task (k of pass@k; use with --temperature 1)."),
     limit: int = typer.Option(None, help="Evaluate only the first N tasks."),
     out: str = typer.Option(None, help="Write one trajectory per line to this JSONL file."),
-    format: str = typer.Option("react", help="Agent format: react or chat."),  # noqa: A002
-    temperature: float = typer.Option(1.0, help="Sampling temperature (0: greedy)."),
-    max_turns: int = typer.Option(8, help="Assistant turns per episode."),
-    max_turn_tokens: int = typer.Option(128, help="Tokens per assistant turn."),
-    max_total_tokens: int = typer.Option(2048, help="Tokens per episode, prompt included."),
+    format: str = typer.Option("react", help="Agent format with --model: react or chat."),  # noqa: A002
+    temperature: float = typer.Option(0.0, help="0: greedy, as training's evaluation; 1 to sample (pass@k)."),
+    max_turns: int = typer.Option(8, help="Assistant turns per episode (--model)."),
+    max_turn_tokens: int = typer.Option(128, help="Tokens per assistant turn (--model)."),
+    max_total_tokens: int = typer.Option(2048, help="Tokens per episode, prompt included (--model)."),
+    tiny_preset: str = typer.Option("default", help="Preset of --model tiny."),
     seed: int = typer.Option(0, help="Sampling seed."),
     device: str = typer.Option("cpu", help="torch device for the model."),
+    progress: bool = typer.Option(True, help="Show progress on stderr (a bar on a terminal, else a line per 10%)."),
 ) -> None:
     """Roll a model out on a task split; print EM, F1, pass@k, turns, tool calls, error-action rate."""
     import json
 
-    from tracerl.rollout.engine import EngineConfig
-    from tracerl.rollout.evaluate import run_eval
+    from tracerl.train.config_checks import check_device
 
-    from tracerl.train.config_checks import check_device, check_model_source
-
-    config = EngineConfig(max_turns=max_turns, max_turn_tokens=max_turn_tokens,
-                          max_total_tokens=max_total_tokens, temperature=temperature)
     check_device(device, field="--device")
-    note = check_model_source(model, field="--model")
-    if note:
-        typer.echo(f"note: {note}", err=True)
+    if temperature < 0:
+        raise UsageError(f"--temperature must be >= 0 (0: greedy), got {temperature}")
+    if (model is None) == (run is None):
+        raise UsageError("give --model MODEL (with --tasks and --corpus) or --run RUN_DIR")
     _STATE["writing"] = out
-    metrics = run_eval(model, tasks, corpus, samples=samples, limit=limit, out=out,
-                       format_name=format, config=config, seed=seed, device=device)
+    if run is not None:
+        from tracerl.train.evaluation import eval_run
+
+        metrics = eval_run(run, tasks_path=tasks, corpus_path=corpus, samples=samples, limit=limit, out=out,
+                           temperature=temperature, seed=seed, device=device, show_progress=progress)
+    else:
+        from tracerl.rollout.engine import EngineConfig
+        from tracerl.rollout.evaluate import run_eval
+        from tracerl.train.config_checks import check_model_source
+
+        if not (tasks and corpus):
+            raise UsageError("--model needs --tasks and --corpus (or evaluate a run with --run RUN_DIR)")
+        note = check_model_source(model, field="--model")
+        if note:
+            typer.echo(f"note: {note}", err=True)
+        config = EngineConfig(max_turns=max_turns, max_turn_tokens=max_turn_tokens,
+                              max_total_tokens=max_total_tokens, temperature=temperature)
+        metrics = run_eval(model, tasks, corpus, samples=samples, limit=limit, out=out, format_name=format,
+                           config=config, seed=seed, device=device, tiny_preset=tiny_preset, show_progress=progress)
     typer.echo(json.dumps(metrics, indent=2))
+
 
 # --- training (train, config show, plot, demo) ----------------------------------------------
 
@@ -263,14 +284,30 @@ def config_show(
 def plot(
     runs: list[str] = typer.Argument(..., help="Run folders to compare."),
     out: str = typer.Option("curves.png", "--out", help="PNG file to write."),
+    smooth: float = typer.Option(0.0, "--smooth", help="EMA smoothing in [0, 1) drawn over the raw points (e.g. 0.6)."),
 ) -> None:
-    """Learning curves: held-out accuracy vs generated tokens and vs rollouts; effective ratio."""
+    """Learning curves: held-out accuracy vs generated tokens and vs rollouts; mixed groups, reward, loss, turns."""
     from pathlib import Path
 
     from tracerl.train.plot import plot_runs
 
     _STATE["writing"] = out
-    typer.echo(str(plot_runs([Path(r) for r in runs], Path(out))))
+    typer.echo(str(plot_runs([Path(r) for r in runs], Path(out), smooth=smooth)))
+
+
+@app.command("view")
+@_guarded("view")
+def view(
+    run_dir: str = typer.Argument(..., help="Run folder (trained with log.rollouts=true, the default)."),
+    step: int = typer.Option(None, "--step", help="Render only this step (default: every logged step)."),
+    out: str = typer.Option(None, "--out", help="Output folder (default RUN_DIR/view)."),
+) -> None:
+    """Static HTML of a run's rollout trees: one page per step (turns, branches, rewards, readiness,
+    credit, predictor values) and an index with each step's metrics. Prints the index path."""
+    from tracerl.train.view import render_run
+
+    _STATE["writing"] = out
+    typer.echo(str(render_run(run_dir, out=out, step=step)))
 
 
 @app.command("demo")

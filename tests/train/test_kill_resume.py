@@ -28,7 +28,8 @@ from tracerl.train.runfolder import RunFolderError
 
 ROOT = Path(__file__).resolve().parents[2]
 CHEAP = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=answered", "eval.every=0",
-         "eval.size=2", "rollout.budget=8", "rollout.pool_size=2", "rollout.engine.max_turns=3", "optim.lr=1e-3"]
+         "eval.size=2", "rollout.budget=8", "rollout.pool_size=2", "rollout.engine.max_turns=3", "optim.lr=1e-3",
+         "log.checkpoint_every=1"]  # these tests kill around every step's checkpoint (the default is 10)
 
 
 @pytest.fixture(autouse=True, scope="module")

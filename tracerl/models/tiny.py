@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -234,7 +235,8 @@ def load_or_pretrain(config: TinyModelConfig | None = None, cache_dir: str | Pat
     if (final / "tiny_config.json").exists():
         return final
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+    remove_dead_temps(root)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=root))
     try:
         pretrain_tiny_model(config, tmp, progress=progress)
         os.replace(tmp, final)
@@ -248,6 +250,40 @@ def load_or_pretrain(config: TinyModelConfig | None = None, cache_dir: str | Pat
     return final
 
 
+
+
+_TEMP_PID = re.compile(r"^\.tmp-(\d+)-")
+LEGACY_TEMP_AGE_S = 6 * 3600
+"""A ``.tmp-*`` folder without a pid (older versions) counts as dead after this long untouched."""
+
+
+def remove_dead_temps(root: Path) -> list[str]:
+    """Remove ``.tmp-PID-*`` folders of processes that are gone (a killed pretraining leaves one).
+
+    A live pid's folder may be another process pretraining right now: it stays. Returns the
+    names removed.
+    """
+    removed = []
+    for entry in root.glob(".tmp-*"):
+        match = _TEMP_PID.match(entry.name)
+        if match:
+            dead = not _pid_alive(int(match.group(1)))
+        else:
+            dead = time.time() - entry.stat().st_mtime > LEGACY_TEMP_AGE_S
+        if dead and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry.name)
+    return sorted(removed)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0 probes without sending anything
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def pretrained_folder(preset: str = "default", out: str | Path | None = None, steps: int | None = None,

@@ -14,7 +14,9 @@ Metrics (all means over trajectories unless said otherwise):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -88,8 +90,11 @@ def evaluate(
     samples: int = 1,
     batch_tasks: int = 16,
     generator: torch.Generator | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> EvalReport:
-    """Roll out ``samples`` chains per task (``batch_tasks`` tasks per batched call) and score them."""
+    """Roll out ``samples`` chains per task (``batch_tasks`` tasks per batched call) and score them.
+
+    ``progress`` is called with the number of tasks done after each batch (a display hook)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     if batch_tasks < 1:
@@ -103,6 +108,8 @@ def evaluate(
             for sample, leaf in enumerate(tree.leaves()):
                 records.append(trajectory_record(tree.trajectories[leaf], task, sample))
         engine.forget(trees)  # evaluation never branches: drop the stored episodes now
+        if progress is not None:
+            progress(len({r["task_id"] for r in records}))
     return EvalReport(summarize(records, samples), records)
 
 
@@ -143,22 +150,84 @@ def run_eval(
     device: str = "cpu",
     batch_tasks: int = 16,
     system_prompt: str = "",
+    tiny_preset: str = "default",
+    show_progress: bool = False,
 ) -> dict[str, float]:
-    """Load a model folder, tasks and corpus, evaluate, optionally write JSONL; returns the metrics."""
+    """Load a model (a folder, a hub name, or ``tiny``: the embedded model), tasks and corpus,
+    evaluate, optionally write JSONL; returns the metrics. ``config.temperature`` 0 is greedy."""
     from tracerl.agent.formats import get_format
     from tracerl.envs.data import load_corpus, load_tasks
     from tracerl.envs.search import search_environment
-    from tracerl.models.backend import HFPolicy
 
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     config = config or EngineConfig()
     tasks = load_tasks(tasks_path)[:limit]
     env = search_environment(load_corpus(corpus_path), top_k, config)  # the limits training uses
-    policy = HFPolicy.from_pretrained(model, device=device)
+    policy = load_policy(model, device, tiny_preset)
     fmt = get_format(format_name, tokenizer=policy.tokenizer, system=system_prompt)
     engine = RolloutEngine(policy, env, fmt, exact_match, config)
-    report = evaluate(engine, tasks, samples, batch_tasks, torch.Generator(device=device).manual_seed(seed))
+    return evaluate_and_write(engine, tasks, samples, seed, device, batch_tasks, out, show_progress)
+
+
+def load_policy(model: str, device: str = "cpu", tiny_preset: str = "default") -> Any:
+    """An :class:`~tracerl.models.backend.HFPolicy` of a folder or hub name; ``tiny`` is the embedded
+    model (pretrained once and cached, never fetched from the Hub)."""
+    from tracerl.models.backend import HFPolicy
+
+    if model == "tiny":
+        from tracerl.models.loading import load_model
+
+        net, tokenizer = load_model("tiny", tiny_preset=tiny_preset, device=device)
+        net.eval()
+        return HFPolicy(net, tokenizer)
+    if model == "random-tiny":
+        raise ValueError("--model random-tiny has no fixed weights to evaluate; use tiny, a folder or --run")
+    return HFPolicy.from_pretrained(model, device=device)
+
+
+def evaluate_and_write(engine: RolloutEngine, tasks: list[Task], samples: int, seed: int, device: str,
+                       batch_tasks: int = 16, out: str | None = None, show_progress: bool = False) -> dict[str, float]:
+    """:func:`evaluate` with a seeded generator and a progress display; writes ``out`` JSONL when given."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with TaskProgress(len(tasks), enabled=show_progress) as progress:
+        report = evaluate(engine, tasks, samples, batch_tasks, generator, progress=progress.update)
     if out is not None:
         report.write_jsonl(out)
     return report.metrics
+
+
+class TaskProgress:
+    """Tasks done of ``total`` on stderr: a rich bar on a terminal, else a plain line every
+    ``every`` tasks (and at the end), so CI logs and pipes show progress without control codes."""
+
+    def __init__(self, total: int, *, enabled: bool = True, every: int | None = None) -> None:
+        self.total, self.enabled = total, enabled
+        self.every = every or max(1, total // 10)
+        self._next, self._start, self._bar, self._task = self.every, time.perf_counter(), None, None
+
+    def __enter__(self) -> TaskProgress:
+        if self.enabled and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 console=Console(stderr=True))
+            self._bar.start()
+            self._task = self._bar.add_task("", total=self.total)
+        return self
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done)
+            return
+        if done >= self._next or done >= self.total:
+            print(f"eval: {done}/{self.total} tasks ({time.perf_counter() - self._start:.0f} s)",
+                  file=sys.stderr, flush=True)
+            self._next = (done // self.every + 1) * self.every
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()

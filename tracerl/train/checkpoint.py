@@ -7,7 +7,8 @@ Layout under ``RUN_DIR``::
 
 A checkpoint folder is written under a temporary name and renamed when complete; ``LATEST``
 is replaced with ``os.replace``. Resuming reads ``LATEST`` only, so a half-written folder is
-never seen. Older checkpoints are removed after the pointer moves.
+never seen. Only after the pointer moves are checkpoints beyond the newest ``keep_last``
+removed, so a kill during pruning leaves extra old folders, never a missing current one.
 
 Loading never runs code from the run folder: ``trainer.pt`` holds tensors and plain data only
 and is read with ``torch.load(weights_only=True)``; ``LATEST`` must name a ``ckpt-NNNNNN``
@@ -34,7 +35,7 @@ from tracerl.train.runfolder import fsync_dir, temp_path, write_atomic
 LATEST = "LATEST"
 CHECKPOINT_NAME = re.compile(r"ckpt-\d{6}")
 
-__all__ = ["LATEST", "CheckpointError", "RngState", "first_nonfinite", "latest_checkpoint",
+__all__ = ["LATEST", "CheckpointError", "RngState", "first_nonfinite", "latest_checkpoint", "prune_checkpoints",
            "load_policy_into", "load_trainer_state", "save_checkpoint", "write_atomic"]
 
 
@@ -105,9 +106,10 @@ def first_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any], config_yaml: str
+    run_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any], config_yaml: str,
+    keep_last: int = 1,
 ) -> Path:
-    """Write checkpoint ``step`` atomically and point ``LATEST`` at it.
+    """Write checkpoint ``step`` atomically, point ``LATEST`` at it, then keep the newest ``keep_last``.
 
     ``trainer_state`` must be tensors and plain data (it is loaded with ``weights_only=True``).
     A folder of the same name that ``LATEST`` does not name (left by a kill between the
@@ -116,6 +118,8 @@ def save_checkpoint(
     run_dir.mkdir(parents=True, exist_ok=True)
     name = f"ckpt-{step:06d}"
     final = run_dir / name
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1 (the current checkpoint is always kept), got {keep_last}")
     if (run_dir / LATEST).exists() and _read_pointer(run_dir) == name:
         raise CheckpointError(f"{final} is the current checkpoint; a step is checkpointed once")
     tmp = temp_path(final)
@@ -133,10 +137,26 @@ def save_checkpoint(
     os.replace(tmp, final)
     fsync_dir(run_dir)
     write_atomic(run_dir / LATEST, name.encode())
-    for old in run_dir.glob("ckpt-*"):
-        if old.name != name and old.is_dir():
-            shutil.rmtree(old, ignore_errors=True)
+    prune_checkpoints(run_dir, name, keep_last)
     return final
+
+
+def prune_checkpoints(run_dir: Path, current: str, keep_last: int) -> list[str]:
+    """Remove ``ckpt-*`` folders except ``current`` and the newest others up to ``keep_last`` in all.
+
+    Checkpoints of later steps than ``current`` (left by a run resumed from an older one) are
+    never kept: they belong to a history that was abandoned. Returns the names removed.
+    """
+    older = sorted((p for p in run_dir.glob("ckpt-*") if CHECKPOINT_NAME.fullmatch(p.name)
+                    and p.is_dir() and p.name != current), key=lambda p: p.name)
+    before = [p.name for p in older if p.name < current]  # ascending: the newest are last
+    keep = set(before[len(before) - (keep_last - 1):]) if keep_last > 1 else set()
+    removed = []
+    for old in older:
+        if old.name not in keep:
+            shutil.rmtree(old, ignore_errors=True)
+            removed.append(old.name)
+    return removed
 
 
 def _fsync_tree(folder: Path) -> None:

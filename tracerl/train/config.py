@@ -187,6 +187,10 @@ class ModelConfig:
     optimiser state stay float32 master copies whatever this says."""
     device: str = "cpu"
     """``cpu``, ``cuda`` or ``cuda:N``."""
+    threads: int = 0
+    """torch intra-op threads (``torch.set_num_threads``); 0: ``$TRACERL_THREADS`` or the cores this
+    process may use. Set 1 on a shared machine: oversubscribed threads spin against other
+    processes (pretraining measured 7x slower under load than with one thread)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     backend: str = "hf"
     """Rollout generation: ``hf`` (the built-in Hugging Face sampling loop on the training model)
@@ -203,6 +207,8 @@ class ModelConfig:
         if self.backend == "vllm" and not vllm_available():
             raise ConfigError(VLLM_MISSING)
         _one_of("model", "dtype", self.dtype, ["float32", "bfloat16", "float16"])
+        if self.threads < 0:
+            raise ConfigError(f"model.threads must be >= 0 (0: $TRACERL_THREADS or all available cores), got {self.threads}")
         check_device(self.device)  # cheap (no CUDA init); model.name_or_path: see resolve_config
         if self.dtype == "float16" and not self.device.startswith("cuda"):
             raise ConfigError(f"model.dtype = 'float16' needs model.device = 'cuda' (got {self.device!r}); "
@@ -304,6 +310,8 @@ class EvalConfig:
     """Held-out questions per evaluation."""
     temperature: float = 0.0
     """0: greedy decoding, the usual way to report accuracy."""
+    at_start: bool = False
+    """Also evaluate the initial policy before the first step (logged as a step-0 record)."""
 
     def __post_init__(self) -> None:
         _positive("eval", size=self.size)
@@ -314,13 +322,27 @@ class EvalConfig:
 
 @dataclass
 class LogConfig:
+    """Where a run reports: metrics.jsonl always; TensorBoard, W&B, rollouts and checkpoints as set."""
+
     tensorboard: bool = False
+    """Also write TensorBoard scalars (tags ``train/``, ``eval/``, ``time/``) and the hparams."""
     wandb: bool = False
-    checkpoint_every: int = 1
+    wandb_project: str = "tracerl"
+    """W&B project of the run (``log.wandb=true``)."""
+    wandb_entity: str = ""
+    """W&B entity (user or team); empty: your default entity."""
+    rollouts: bool = True
+    """Write every step's rollout trees to ``rollouts/step-NNNNNN.jsonl.gz`` (read by ``tracerl view``);
+    a few kB per step on the default preset (see train/rollout_log.py)."""
+    checkpoint_every: int = 10
     """Write an atomic checkpoint every this many steps (and always at the end)."""
+    keep_last: int = 1
+    """Checkpoints kept; older ones are deleted once ``LATEST`` points at the new one."""
 
     def __post_init__(self) -> None:
-        _positive("log", checkpoint_every=self.checkpoint_every)
+        _positive("log", checkpoint_every=self.checkpoint_every, keep_last=self.keep_last)
+        if not self.wandb_project.strip():
+            raise ConfigError("log.wandb_project must be a non-empty W&B project name")
         check_extra("log.tensorboard", self.tensorboard, "tensorboard", "tensorboard")
         check_extra("log.wandb", self.wandb, "wandb", "wandb")
 

@@ -27,6 +27,7 @@ from tracerl.envs.health import ToolHealth
 from tracerl.envs.verifiers import get_verifier
 from tracerl.models.factory import make_backend
 from tracerl.models.loading import load_model
+from tracerl.models.threads import set_threads
 from tracerl.models.lora import apply_lora, trainable_parameters
 from tracerl.models.memory import enable_gradient_checkpointing
 from tracerl.models.precision import DTYPES, compute_context, grad_scaler
@@ -48,22 +49,23 @@ from tracerl.train.checkpoint import (
 )
 from tracerl.train.config import TrainConfig, config_to_yaml
 from tracerl.train.data import load_task_data, take_pool
+from tracerl.train.initial import has_initial, initial_source, write_initial
 from tracerl.train.metrics import MetricsLog
+from tracerl.train.rollout_log import RolloutLog
 from tracerl.train.runfolder import (
     LOCK_FILE,
     RunFolderError,
     RunLock,
     discard_partial_run,
-    fsync_dir,
     refuse_if_state,
     remove_stale_temps,
-    temp_path,
     write_atomic,
 )
 from tracerl.train.update import UpdateSettings, policy_update, with_trainer_logprobs
 
 INITIAL = "initial"
-"""Run sub-folder with the initial policy: the frozen reference is always rebuilt from it."""
+"""Run sub-folder with the initial policy (a copy, or a checked reference to an on-disk base
+model; see train/initial.py): the frozen reference is always rebuilt from it."""
 
 
 def lr_lambda(config: TrainConfig) -> Callable[[int], float]:
@@ -122,7 +124,7 @@ class Trainer:
                 discard_partial_run(self.run_dir)
             if folder is None:
                 write_atomic(self.run_dir / "config.yaml", config_to_yaml(self.config).encode())
-            elif not (self.run_dir / INITIAL / "config.json").exists():
+            elif not has_initial(self.run_dir / INITIAL):
                 raise RunFolderError(f"{self.run_dir / INITIAL} is missing: the frozen reference of this run "
                                      "cannot be rebuilt, so it cannot be resumed")
         except BaseException:
@@ -131,14 +133,18 @@ class Trainer:
         return folder
 
     def _initial_policy(self) -> tuple[Any, Any]:
-        """The initial policy: read from ``initial/`` on resume, else built and written atomically."""
+        """The initial policy: read from ``initial/`` on resume, else built and ``initial/`` written
+        atomically (a reference for an on-disk base model, a copy otherwise; train/initial.py).
+        Sets the CPU thread count first (models/threads.py: loading and everything after use it)."""
         cfg = self.config
+        set_threads(cfg.model.threads, cfg.model.device)
         initial = self.run_dir / INITIAL
         if self.resume_from is not None:
+            source = initial_source(initial)  # a vanished or changed referenced base model is named here
             try:
-                return load_model(str(initial), dtype=cfg.model.dtype, device=cfg.model.device)
+                return load_model(source, dtype=cfg.model.dtype, device=cfg.model.device)
             except (OSError, ValueError) as err:
-                raise RunFolderError(f"{initial} is damaged ({type(err).__name__}: {err}); "
+                raise RunFolderError(f"{source} is damaged ({type(err).__name__}: {err}); "
                                      "the run cannot be resumed") from None
         vocab = None
         if cfg.model.name_or_path == "random-tiny":
@@ -147,11 +153,7 @@ class Trainer:
         model, tokenizer = load_model(
             cfg.model.name_or_path, vocabulary_texts=vocab, tiny_preset=cfg.model.tiny_preset,
             dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
-        tmp = temp_path(initial)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, initial)
-        fsync_dir(self.run_dir)
+        write_initial(initial, model, tokenizer, cfg.model.name_or_path)
         return model, tokenizer
 
     def _build(self, cfg: TrainConfig) -> None:
@@ -196,7 +198,10 @@ class Trainer:
         self.totals = {"rollouts": 0, "generated_tokens": 0}
         self.nonfinite = {"streak": 0, "total": 0}
         self.tool_health = ToolHealth(cfg.data.max_failed_tool_steps)
-        self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb)
+        self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, config=cfg)
+        self.rollout_log = RolloutLog(self.run_dir, self.tasks, enabled=cfg.log.rollouts)
+        if self.resume_from is None:  # a (re)start from step 0 keeps no records of a lost attempt
+            self.rollout_log.truncate_after(0)
         if self.resume_from is not None:
             self._restore(self.resume_from)
 
@@ -234,6 +239,7 @@ class Trainer:
         self.executor.sync_weights(self.model, self.step_index + 1)  # the backend samples from the new weights
         clock = self._phase_end(timings, "update", clock)
 
+        self.rollout_log.write(self.step_index + 1, result.trees, advantages, self.predictor)  # before the metrics line
         predictor_metrics = self.predictor.update(result.trees) if self.predictor is not None else {}
         self._phase_end(timings, "predictor", clock)
         session.forget()
@@ -330,6 +336,8 @@ class Trainer:
         """
         target = self.config.steps if steps is None else steps
         records = []
+        if self.config.eval.at_start and self.step_index == 0 and target > 0:
+            records.append(self._evaluate_at_start())
         while self.step_index < target and (deadline is None or time.perf_counter() < deadline):
             record = self.step()
             every, last = self.config.eval.every, self.step_index == target
@@ -343,6 +351,15 @@ class Trainer:
             if self.step_index % self.config.log.checkpoint_every == 0 or last:
                 self.save()
         return records
+
+    def _evaluate_at_start(self) -> dict[str, Any]:
+        """A step-0 record with the initial policy's held-out accuracy (``eval.at_start``): the first
+        point of a learning curve. A resumed run at step 0 has lost that line and writes it again."""
+        record: dict[str, Any] = {"step": 0, "total_rollouts": 0, "total_generated_tokens": 0,
+                                  "rollouts": 0, "generated_tokens": 0, **self.evaluate(self.data.held_out)}
+        self.log.write(record)
+        self.echo(record)
+        return record
 
     def _count_nonfinite(self, record: dict[str, Any]) -> None:
         """A step counts as skipped when any of its updates had a non-finite loss or gradient norm."""
@@ -393,7 +410,7 @@ class Trainer:
             "rng": RngState.capture(self.generator).to_dict(),
         }
         return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
-                               config_to_yaml(self.config))
+                               config_to_yaml(self.config), self.config.log.keep_last)
 
     def _restore(self, folder: Path) -> None:
         load_policy_into(self.model, folder)
@@ -409,6 +426,7 @@ class Trainer:
         RngState.from_dict(state["rng"]).restore(self.generator)
         self.executor.sync_weights(self.model, self.step_index)  # the backend samples from the loaded weights
         self.log.truncate_after(self.step_index)
+        self.rollout_log.truncate_after(self.step_index)
 
     def close(self, *, discard: bool = False) -> None:
         """Release the run folder (idempotent). ``discard``: a fresh start failed during set-up,

@@ -22,13 +22,50 @@ def _clean(value: Any) -> Any:
     return value
 
 
-class MetricsLog:
-    """Appends one JSON object per step to ``RUN_DIR/metrics.jsonl`` (fsynced per line)."""
+def tag(key: str) -> str:
+    """TensorBoard/W&B tag of a record key, grouped: ``eval/``, ``time/`` (phase times, memory) or ``train/``."""
+    if key.startswith("eval_"):
+        return "eval/" + key[len("eval_"):]
+    if key.startswith(("time_", "peak_mem_")) or key == "step_seconds":
+        return "time/" + key.removeprefix("time_")
+    return "train/" + key
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool = False, wandb: bool = False, run_name: str = "") -> None:
+
+def flat_hparams(config: Any) -> dict[str, Any]:
+    """``a.b.c -> value`` of a config dataclass; lists and None as text (what hparams accept)."""
+    from dataclasses import asdict, is_dataclass
+
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(value, (bool, int, float, str)):
+            out[prefix] = value
+        else:
+            out[prefix] = str(value)
+
+    walk("", asdict(config) if is_dataclass(config) else dict(config))
+    return out
+
+
+class MetricsLog:
+    """Appends one JSON object per step to ``RUN_DIR/metrics.jsonl`` (fsynced per line); also
+    TensorBoard (tags grouped by :func:`tag`, the config as hparams) and W&B when asked.
+
+    ``config``: the run's :class:`~tracerl.train.config.TrainConfig` (W&B project/entity from
+    ``log.wandb_project`` / ``log.wandb_entity``; hparams). The extras' presence is checked at
+    config load (``check_extra``), so the import errors below only fire for direct library use.
+    """
+
+    def __init__(self, run_dir: Path, *, tensorboard: bool = False, wandb: bool = False, run_name: str = "",
+                 config: Any = None) -> None:
         self.path = run_dir / METRICS_FILE
         self._tb = None
         self._wandb = None
+        self._hparams = flat_hparams(config) if config is not None else {}
+        self._last_eval: dict[str, float] = {}
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -40,7 +77,11 @@ class MetricsLog:
                 import wandb as wandb_module
             except ImportError as err:
                 raise RuntimeError("log.wandb=true needs `pip install tracerl[wandb]`") from err
-            self._wandb = wandb_module.init(project="tracerl", name=run_name or run_dir.name, dir=str(run_dir))
+            log_cfg = getattr(config, "log", None)
+            self._wandb = wandb_module.init(project=getattr(log_cfg, "wandb_project", "tracerl"),
+                                            entity=getattr(log_cfg, "wandb_entity", "") or None,
+                                            name=run_name or run_dir.name, dir=str(run_dir),
+                                            config=self._hparams or None)
 
     def truncate_after(self, step: int) -> None:
         """Keep only the lines of steps ``<= step`` (those the checkpoint reflects), atomically.
@@ -67,17 +108,24 @@ class MetricsLog:
             fsync_dir(self.path.parent)
         step = int(record["step"])
         numeric = {k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None}
+        numeric.pop("step", None)
+        self._last_eval.update({tag(k): float(v) for k, v in numeric.items() if k.startswith("eval_")})
         if self._tb is not None:
             for key, value in numeric.items():
-                self._tb.add_scalar(key, value, step)
+                self._tb.add_scalar(tag(key), value, step)
         if self._wandb is not None:
-            self._wandb.log(numeric, step=step)
+            self._wandb.log({tag(k): v for k, v in numeric.items()}, step=step)
 
     def close(self) -> None:
         if self._tb is not None:
+            if self._hparams:  # the run's config beside its last held-out numbers (HPARAMS tab)
+                metrics = {f"hparam/{k}": v for k, v in self._last_eval.items()}
+                self._tb.add_hparams(self._hparams, metrics or {"hparam/none": 0.0}, run_name=".")
             self._tb.close()
+            self._tb = None  # idempotent: a Trainer may be closed twice
         if self._wandb is not None:
             self._wandb.finish()
+            self._wandb = None
 
 
 def parse_metrics(path: Path, *, warn: bool = False) -> list[dict[str, Any]]:

@@ -1,0 +1,93 @@
+"""``tracerl eval --run RUN_DIR``: evaluate a run's latest checkpoint with the run's own config.
+
+The run's ``config.yaml`` (the one inside the checkpoint) gives the agent format and system
+prompt, the episode limits (``rollout.engine``), the verifier and the data: by default the
+held-out split training evaluated on (``data.eval_tasks``, or SynthWiki's unseen world), with
+the same search environment. ``--tasks``/``--corpus`` replace the data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tracerl.train.checkpoint import latest_checkpoint, load_policy_into
+from tracerl.train.config import TrainConfig, config_from_yaml
+from tracerl.train.runfolder import RunFolderError
+
+
+def load_run_policy(run_dir: Path, device: str) -> tuple[Any, Any, TrainConfig, Path]:
+    """``(model, tokenizer, config, checkpoint folder)`` of a run's ``LATEST`` checkpoint.
+
+    A LoRA checkpoint holds only the adapter: the base comes from the run's ``initial/`` (a copy,
+    or the checked reference to the on-disk base model) and the adapter is loaded into it.
+    """
+    from tracerl.models.loading import load_model
+    from tracerl.train.initial import initial_source
+    from tracerl.train.loop import INITIAL
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunFolderError(f"--run {run_dir}: no such folder")
+    folder = latest_checkpoint(run_dir)
+    if folder is None:
+        raise RunFolderError(f"--run {run_dir} has no checkpoint yet (no LATEST); train it first, "
+                             "or evaluate a model folder with --model")
+    config = config_from_yaml((folder / "config.yaml").read_text())
+    policy = folder / "policy"
+    if (policy / "adapter_config.json").is_file():
+        from tracerl.models.lora import apply_lora
+
+        model, tokenizer = load_model(initial_source(run_dir / INITIAL), device=device)
+        lora = config.model.lora
+        model = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
+        load_policy_into(model, folder)
+    else:
+        model, tokenizer = load_model(str(policy), device=device)
+    model.eval()
+    return model, tokenizer, config, folder
+
+
+def eval_run(run_dir: str | Path, *, tasks_path: str | None = None, corpus_path: str | None = None,
+             samples: int = 1, limit: int | None = None, out: str | None = None, temperature: float = 0.0,
+             seed: int = 0, device: str = "cpu", show_progress: bool = False) -> dict[str, Any]:
+    """Evaluate the latest checkpoint of ``run_dir`` (see the module docstring); returns the metrics
+    plus ``checkpoint`` (the folder evaluated)."""
+    from tracerl.agent.formats import get_format
+    from tracerl.envs.verifiers import get_verifier
+    from tracerl.models.backend import HFPolicy
+    from tracerl.rollout.engine import RolloutEngine
+    from tracerl.rollout.evaluate import evaluate_and_write
+
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    if (tasks_path is None) != (corpus_path is None):
+        raise ValueError("give both --tasks and --corpus, or neither (then the run's held-out data is used)")
+    model, tokenizer, config, folder = load_run_policy(Path(run_dir), device)
+    engine_config = replace(config.rollout.engine, temperature=temperature)
+    tasks, env = _run_data(config, engine_config, tasks_path, corpus_path)
+    fmt = get_format(config.model.format, tokenizer=tokenizer, system=config.model.system_prompt)
+    engine = RolloutEngine(HFPolicy(model, tokenizer), env, fmt, get_verifier(config.data.verifier), engine_config)
+    metrics: dict[str, Any] = dict(evaluate_and_write(engine, tasks[:limit], samples, seed, device,
+                                                      out=out, show_progress=show_progress))
+    metrics["checkpoint"] = str(folder)
+    return metrics
+
+
+def _run_data(config: TrainConfig, engine_config: Any, tasks_path: str | None,
+              corpus_path: str | None) -> tuple[list[Any], Any]:
+    """The tasks and environment to evaluate on: given files, or the run's held-out split."""
+    if tasks_path is not None and corpus_path is not None:
+        from tracerl.envs.data import load_corpus, load_tasks
+        from tracerl.envs.search import search_environment
+
+        env = search_environment(load_corpus(corpus_path), config.data.search_top_k, engine_config)
+        return load_tasks(tasks_path), env
+    from tracerl.train.data import load_task_data
+
+    data = load_task_data(config.data, engine_config, config.seed)
+    if not data.held_out:
+        raise ValueError(f"the run's data has no held-out tasks (data.eval_tasks is empty); "
+                         "give --tasks and --corpus")
+    return data.held_out, data.environment
