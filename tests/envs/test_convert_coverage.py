@@ -68,3 +68,18 @@ def test_byte_level_bpe_has_no_unknown_tokens(tmp_path) -> None:
     tasks, docs = load_tasks(tmp_path / "tasks.jsonl"), load_corpus(tmp_path / "corpus.jsonl")
     report = check_tokenizer_coverage(bpe_tokenizer(), tasks, docs)
     assert report.warnings == [] and report.unencodable == [] and report.sampled_answers == 5
+
+
+def test_training_on_real_text_with_the_tiny_tokenizer_stops_before_any_step(tmp_path) -> None:
+    """The guard is wired into the Trainer: real MuSiQue text with the word-level random-tiny model
+    (its vocabulary is the SynthWiki world's) fails at start, naming unencodable answers."""
+    from tracerl.train.config import resolve_config
+    from tracerl.train.loop import Trainer
+
+    convert("musique", RAW / "musique_dev_sample.jsonl", tmp_path / "data")
+    config = resolve_config("grpo", smoke=True, overrides=[
+        "data.source=files", f"data.tasks={tmp_path / 'data' / 'tasks.jsonl'}",
+        f"data.corpus={tmp_path / 'data' / 'corpus.jsonl'}"])
+    with pytest.raises(UserError, match="cannot encode"):
+        Trainer(config, tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

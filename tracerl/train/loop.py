@@ -12,6 +12,7 @@ import math
 import os
 import random
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, ContextManager
@@ -23,6 +24,7 @@ from tracerl.agent.formats import get_format
 from tracerl.allocation.predictor import SuccessPredictor
 from tracerl.core.advantages import AdvantageBatch, get_estimator
 from tracerl.core.types import Trajectory
+from tracerl.envs.coverage import check_tokenizer_coverage
 from tracerl.envs.health import ToolHealth
 from tracerl.envs.verifiers import get_verifier
 from tracerl.models.factory import make_backend
@@ -163,6 +165,12 @@ class Trainer:
         self.data = load_task_data(cfg.data, cfg.rollout.engine, cfg.seed)
         self.tasks = {t.id: t for t in self.data.train + self.data.held_out + self.data.redrawn}
         self.model, self.tokenizer = self._initial_policy()
+        # Fail before training when the tokenizer cannot read the data (e.g. the word-level tiny model
+        # on real text: most gold answers are <unk>, so every reward and reference score is noise).
+        coverage = check_tokenizer_coverage(self.tokenizer, self.data.train + self.data.held_out,
+                                            self.data.documents, seed=cfg.seed)
+        for line in coverage.warnings:
+            warnings.warn(f"tokenizer coverage: {line}", stacklevel=2)
         self.fmt = get_format(cfg.model.format, tokenizer=self.tokenizer, system=cfg.model.system_prompt,
                               tool_list=cfg.model.tool_list)
         self.model = _prepare_policy(self.model, cfg)
