@@ -225,5 +225,7 @@ def test_random_sigkills_of_training_processes_lose_nothing(tmp_path: Path) -> N
     harness = _harness()
     summary = harness.run_harness(tmp_path, kills=6, steps=8, seed=1, model=harness.smoke_model())
     assert summary["problems"] == [] and summary["ok"]
-    assert summary["kills"] == 6 and summary["processes"] >= 7
+    # Each kill ends one process; a kill that lands after the last checkpoint (while the process
+    # exits) needs no process after it, so 6 processes is the floor, not 7.
+    assert summary["kills"] == 6 and summary["processes"] >= 6
     assert os.listdir(tmp_path)  # the runs are there to inspect when it fails
