@@ -79,8 +79,9 @@ class TaskData:
     """Documents of the first training world (vocabulary for a randomly initialised tiny model)."""
 
 
-def _world_env(documents: list[Document], data: DataConfig, engine: EngineConfig) -> ToolEnvironment:
-    """``data.environment`` over ``documents`` plus ``data.tools`` (envs/environments.py)."""
+def run_environment(documents: list[Document], data: DataConfig, engine: EngineConfig) -> ToolEnvironment:
+    """``data.environment`` over ``documents`` plus ``data.tools`` (envs/environments.py): the one
+    place a run's environment is built (training, and ``tracerl eval --run`` on other files)."""
     settings = EnvSettings(data.search_top_k, env_config(engine, data.tool_timeout_s))
     try:
         return build_environment(data.environment, documents, settings, data.tools)
@@ -127,19 +128,19 @@ def load_task_data(data: DataConfig, engine: EngineConfig, seed: int) -> TaskDat
     routed = RoutedEnvironment()
     if data.source == "files":
         tasks, held_out, docs = _read_files(data)
-        routed.register(tasks + held_out, _world_env(docs, data, engine))
+        routed.register(tasks + held_out, run_environment(docs, data, engine))
         return TaskData(_shuffled(tasks, data, seed), held_out, [], routed, docs)
     train: list[Task] = []
     first_docs: list[Document] = []
     for offset in range(data.train_worlds):
         world = build_world(replace(data.world, fact_seed=data.first_fact_seed + offset))
-        routed.register(world.train, _world_env(world.documents, data, engine))
+        routed.register(world.train, run_environment(world.documents, data, engine))
         train += world.train
         first_docs = first_docs or world.documents
     unseen = build_world(replace(data.world, fact_seed=data.eval_fact_seed))
-    routed.register(unseen.test, _world_env(unseen.documents, data, engine))
+    routed.register(unseen.test, run_environment(unseen.documents, data, engine))
     redrawn = build_world(replace(data.world, fact_seed=data.redrawn_fact_seed))
-    routed.register(redrawn.train, _world_env(redrawn.documents, data, engine))
+    routed.register(redrawn.train, run_environment(redrawn.documents, data, engine))
     return TaskData(_shuffled(train, data, seed), unseen.test, redrawn.train, routed, first_docs)
 
 

@@ -67,7 +67,8 @@ def eval_run(run_dir: str | Path, *, tasks_path: str | None = None, corpus_path:
     model, tokenizer, config, folder = load_run_policy(Path(run_dir), device)
     engine_config = replace(config.rollout.engine, temperature=temperature)
     tasks, env = _run_data(config, engine_config, tasks_path, corpus_path)
-    fmt = get_format(config.model.format, tokenizer=tokenizer, system=config.model.system_prompt)
+    fmt = get_format(config.model.format, tokenizer=tokenizer, system=config.model.system_prompt,
+                     tool_list=config.model.tool_list)
     engine = RolloutEngine(HFPolicy(model, tokenizer), env, fmt, get_verifier(config.data.verifier), engine_config)
     metrics: dict[str, Any] = dict(evaluate_and_write(engine, tasks[:limit], samples, seed, device,
                                                       out=out, show_progress=show_progress))
@@ -80,10 +81,9 @@ def _run_data(config: TrainConfig, engine_config: Any, tasks_path: str | None,
     """The tasks and environment to evaluate on: given files, or the run's held-out split."""
     if tasks_path is not None and corpus_path is not None:
         from tracerl.envs.data import load_corpus, load_tasks
-        from tracerl.envs.search import search_environment
+        from tracerl.train.data import run_environment
 
-        env = search_environment(load_corpus(corpus_path), config.data.search_top_k, engine_config)
-        return load_tasks(tasks_path), env
+        return load_tasks(tasks_path), run_environment(load_corpus(corpus_path), config.data, engine_config)
     from tracerl.train.data import load_task_data
 
     data = load_task_data(config.data, engine_config, config.seed)
