@@ -34,7 +34,7 @@ EXTRAS_PY := $(EXTRAS_VENV)/bin/python
 $(EXTRAS_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(EXTRAS_VENV)
 	$(EXTRAS_PY) -c "import torch" 2>/dev/null || $(EXTRAS_PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(EXTRAS_PY) -m pip install --quiet -e ".[dev,lora,datasets]"
+	$(EXTRAS_PY) -m pip install --quiet -e ".[dev,lora,datasets,tensorboard]"
 	touch $@
 
 test-extras: $(EXTRAS_VENV)/.installed
