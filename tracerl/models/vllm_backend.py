@@ -65,8 +65,9 @@ def require_vllm() -> Any:
     return vllm
 
 
-def state_dict_bytes(model: Any) -> bytes:
-    """The model's parameters as safetensors bytes (contiguous CPU copies; tied weights once).
+def state_dict_bytes(model_or_state: Any) -> bytes:
+    """A model's (or a state dict's) tensors as safetensors bytes (contiguous CPU copies; tied
+    weights once).
 
     Bytes cross vLLM's process boundary (``collective_rpc``) unchanged whether the engine core
     runs in this process or in a spawned one.
@@ -74,7 +75,8 @@ def state_dict_bytes(model: Any) -> bytes:
     from safetensors.torch import save
 
     by_storage: dict[int, tuple[str, torch.Tensor]] = {}
-    for name, tensor in model.state_dict().items():
+    state = model_or_state.state_dict() if hasattr(model_or_state, "state_dict") else model_or_state
+    for name, tensor in state.items():
         kept = by_storage.get(tensor.data_ptr())
         # A tied alias (lm_head.weight = embed_tokens.weight) goes once, under the embedding's
         # name: vLLM skips lm_head.* when the config ties them.
@@ -130,9 +132,11 @@ def _breaks_kernel_scan(module: Any) -> bool:
     if not namespace:
         return False
     try:
-        for value in list(namespace.values()):
-            if hasattr(value, "__dict__") and not hasattr(vars(value), "get"):
-                return True
+        with warnings.catch_warnings():  # reading deprecated module attributes warns
+            warnings.simplefilter("ignore")
+            for value in list(namespace.values()):
+                if hasattr(value, "__dict__") and not hasattr(vars(value), "get"):
+                    return True
     except Exception:
         return True
     return False
@@ -218,6 +222,9 @@ class VLLMPolicy:
             raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
         vllm = require_vllm()
         check_head_dim(model.config)
+        # vLLM refuses a max_model_len above the model's own limit (smoke models: 512 positions)
+        limit = getattr(model.config, "max_position_embeddings", None)
+        max_model_len = min(max_model_len, int(limit)) if limit else max_model_len
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.tokenizer = tokenizer
@@ -302,15 +309,16 @@ class VLLMPolicy:
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    def sync_weights(self, model: Any, version: int) -> None:
-        """Push ``model``'s weights into every worker, then reset the prefix cache.
+    def sync_weights(self, model_or_state: Any, version: int) -> None:
+        """Push the trainer's weights (its model or a state dict) into every worker, then reset
+        the prefix cache.
 
         The reset matters for trees: a branch from a stored boundary must not reuse KV blocks
         computed under the previous weights.
         """
         if self._asleep:
             raise RuntimeError("the vLLM engine is asleep; call wake_up() before sync_weights()")
-        blob = state_dict_bytes(model)
+        blob = state_dict_bytes(model_or_state)
         self.llm.collective_rpc("tracerl_load_weights", args=(blob,))
         self.reset_prefix_cache()
         self.version = int(version)
