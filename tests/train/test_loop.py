@@ -39,6 +39,9 @@ def test_every_preset_trains_a_few_steps(preset: str, tmp_path: Path) -> None:
         assert record["rollouts"] == trainer.config.rollout.budget  # every scheme spends the budget
         for key in ("reward_mean", "effective_ratio", "generated_tokens", "grad_norm", "time_rollout"):
             assert key in record
+        # per-step generation throughput: generated tokens over the executor's time
+        assert record["generated_tokens_per_s"] == pytest.approx(
+            record["generated_tokens"] / record["time_rollout_execute"], rel=1e-6)
     assert "eval_accuracy" in records[-1]
     after = weights(trainer)
     moved = [k for k in before if not torch.equal(before[k], after[k])]

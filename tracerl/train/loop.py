@@ -257,7 +257,9 @@ class Trainer:
         self.totals["generated_tokens"] += result.cost.generated_tokens
         record = self._record(result, trajectories, update, predictor_metrics, timings)
         record.update(tool_calls=tools.calls, tool_failures=tools.failures, **self._peaks)
-        record.update(time_rollout_execute=rollout_inner["execute"], time_rollout_readiness=rollout_inner["score"])
+        record.update(time_rollout_execute=rollout_inner["execute"], time_rollout_readiness=rollout_inner["score"],
+                      # generation throughput of the backend (hf or vllm): tokens over executor time
+                      generated_tokens_per_s=result.cost.generated_tokens / max(rollout_inner["execute"], 1e-9))
         return record
 
     def _phase_end(self, timings: dict[str, float], name: str, since: float) -> float:

@@ -177,7 +177,8 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def console_line(record: dict[str, Any]) -> str:
     """A one-line summary of a step for terminals and CI logs."""
-    keys = ("reward_mean", "effective_ratio", "loss", "eval_accuracy", "rollouts", "generated_tokens", "step_seconds")
+    keys = ("reward_mean", "effective_ratio", "loss", "eval_accuracy", "rollouts", "generated_tokens", "generated_tokens_per_s",
+            "step_seconds")
     parts = [f"step {record['step']}"]
     for key in keys:
         value = record.get(key)
