@@ -38,13 +38,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tracerl.train.metrics import is_timing_key
+
 ROOT = Path(__file__).resolve().parents[1]
 # Cheap steps on the pretrained smoke model (it answers sometimes, so updates are non-zero);
 # checkpoint_every=2 makes every other step one that is rerun after a kill.
 OVERRIDES = ["data.verifier=answered", "rollout.budget=8", "rollout.pool_size=2",
              "rollout.engine.max_turns=3", "eval.size=2", "eval.every=0", "log.checkpoint_every=2",
              "optim.lr=1e-3"]
-TIMING_KEYS = ("time_", "step_seconds")
 
 
 def _command(run_dir: Path, steps: int, model: str) -> list[str]:
@@ -95,7 +96,7 @@ def _aftermath(run_dir: Path, steps_per_run: int) -> str:
 
 
 def _comparable(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING_KEYS)} for r in records]
+    return [{k: v for k, v in r.items() if not is_timing_key(k)} for r in records]
 
 
 def check_run(run_dir: Path, steps: int, reference: list[dict[str, Any]] | None) -> list[str]:

@@ -22,7 +22,7 @@ import torch
 from tracerl.train import loop as loop_module
 from tracerl.train.config import TrainConfig, resolve_config
 from tracerl.train.loop import NonFiniteTrainingError, Trainer
-from tracerl.train.metrics import read_metrics
+from tracerl.train.metrics import is_timing_key, read_metrics
 from tracerl.train.run import resume_training, start_training
 from tracerl.train.runfolder import RunFolderError
 
@@ -51,7 +51,7 @@ def cheap_config(*extra: str) -> TrainConfig:
 
 
 def comparable(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if not k.startswith("time_") and k != "step_seconds"} for r in records]
+    return [{k: v for k, v in r.items() if not is_timing_key(k)} for r in records]
 
 
 def kill_at_save(monkeypatch: pytest.MonkeyPatch, step: int) -> None:

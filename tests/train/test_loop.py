@@ -12,7 +12,7 @@ from tracerl.envs.base import ToolEnvironment
 from tracerl.envs.tools import ToolSet
 from tracerl.train.config import PRESETS, TrainConfig, resolve_config
 from tracerl.train.loop import Trainer
-from tracerl.train.metrics import read_metrics
+from tracerl.train.metrics import is_timing_key, read_metrics
 
 # The smoke tiny model rarely answers correctly, but it answers sometimes: the format reward
 # gives every preset mixed groups within a few steps, so parameters must move.
@@ -66,7 +66,7 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     resumed.run()
 
     def comparable(run: str) -> list[dict[str, object]]:
-        return [{k: v for k, v in r.items() if not k.startswith(("time_", "eval_")) and k != "step_seconds"}
+        return [{k: v for k, v in r.items() if not (is_timing_key(k) or k.startswith("eval_"))}
                 for r in read_metrics(tmp_path / run)]
 
     assert comparable("straight") == comparable("split")

@@ -22,11 +22,17 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def is_timing_key(key: str) -> bool:
+    """Whether a record key measures the machine (wall time, throughput, memory), not training:
+    such keys differ between two runs that are otherwise identical (e.g. a resumed run)."""
+    return key.startswith(("time_", "peak_mem_")) or key in ("step_seconds", "generated_tokens_per_s")
+
+
 def tag(key: str) -> str:
     """TensorBoard/W&B tag of a record key, grouped: ``eval/``, ``time/`` (phase times, memory) or ``train/``."""
     if key.startswith("eval_"):
         return "eval/" + key[len("eval_"):]
-    if key.startswith(("time_", "peak_mem_")) or key == "step_seconds":
+    if is_timing_key(key):
         return "time/" + key.removeprefix("time_")
     return "train/" + key
 
