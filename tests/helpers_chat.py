@@ -1,6 +1,7 @@
 """A BPE tokenizer with a Qwen3-like chat template, built locally (nothing is downloaded).
 
-The template is written here: ChatML markup (``<|im_start|>role\\n...<|im_end|>\\n``), tool schemas
+The template's parts live in :mod:`tracerl.models.tiny_bpe` (all flags on gives its
+``QWEN3_LIKE_TEMPLATE``): ChatML markup (``<|im_start|>role\\n...<|im_end|>\\n``), tool schemas
 in the system turn, ``tool`` messages grouped into one user turn of ``<tool_response>`` blocks,
 and ``enable_thinking=false`` opening the assistant turn with an empty think block, as Qwen3 does.
 Variants break one property each (prefix stability, the tool role, the system role, tools).
@@ -8,35 +9,15 @@ Variants break one property each (prefix stability, the tool role, the system ro
 
 from __future__ import annotations
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
-_SYSTEM = (
-    "{%- if tools %}"
-    "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nCall a tool as <tool_call>\\n{\"name\": <function-name>, "
-    "\"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
-    "{%- elif messages[0].role == 'system' %}"
-    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-)
-_TOOL = (
-    "{%- elif m.role == 'tool' %}"
-    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
-)
-_ASSISTANT = "{%- elif m.role == 'assistant' %}{{- '<|im_start|>assistant\\n' + m.content + '<|im_end|>\\n' }}"
-_TAIL = (
-    "{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
-    "{%- endif %}"
+from tracerl.models.tiny_bpe import (
+    TEMPLATE_ASSISTANT as _ASSISTANT,
+    TEMPLATE_MESSAGES as _MESSAGES,
+    TEMPLATE_SYSTEM as _SYSTEM,
+    TEMPLATE_TAIL as _TAIL,
+    TEMPLATE_TOOL as _TOOL,
+    train_bpe_tokenizer,
 )
 
 
@@ -52,10 +33,7 @@ def qwen_like_template(tool_role: bool = True, system_role: bool = True, tools: 
                      "{%- if loop.last %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
                      "{{- m.content + '<|im_end|>\\n' }}")
     tool = _TOOL if tool_role else "{%- elif m.role == 'tool' %}{{- raise_exception('roles must alternate') }}"
-    loop = ("{%- for m in messages %}"
-            "{%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}"
-            "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}")
-    return system + loop + assistant + tool + _TAIL
+    return system + _MESSAGES + assistant + tool + _TAIL
 
 
 _LAST_QUERY = (  # index of the last real user message (tool responses do not count)
@@ -78,10 +56,7 @@ _THINKING_ASSISTANT = (  # Qwen3's rule: after the last query, a think block on 
 def qwen3_thinking_template() -> str:
     """The Qwen3-like template with Qwen3's think-block rule for assistant turns: a past turn
     without reasoning is re-rendered without its (empty) think block."""
-    loop = ("{%- for m in messages %}"
-            "{%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}"
-            "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}")
-    return _SYSTEM + _LAST_QUERY + loop + _THINKING_ASSISTANT + _TOOL + _TAIL
+    return _SYSTEM + _LAST_QUERY + _MESSAGES + _THINKING_ASSISTANT + _TOOL + _TAIL
 
 
 TEXT = """Answer the question by searching the document collection with the tools. When you know the
@@ -97,14 +72,7 @@ titled. Who founded Varo? Which river runs through Lumen? The novel was written 
 
 
 def chat_tokenizer(vocab_size: int = 600, template: str | None = None) -> PreTrainedTokenizerFast:
-    """A byte-level BPE on :data:`TEXT` with ChatML specials and the Qwen3-like template."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([TEXT] * 4, trainer=trainer)
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                      additional_special_tokens=["<|im_start|>"])
-    wrapped.chat_template = template if template is not None else qwen_like_template()
-    return wrapped
+    """A byte-level BPE on :data:`TEXT` with ChatML specials and the Qwen3-like template
+    (:func:`tracerl.models.tiny_bpe.train_bpe_tokenizer`, as ``examples/make_tiny_bpe_qwen3.py``)."""
+    return train_bpe_tokenizer([TEXT] * 4, vocab_size=vocab_size,
+                               template=template if template is not None else qwen_like_template())

@@ -83,6 +83,19 @@ def test_rollout_record_holds_the_tree_readiness_advantage_and_predictor(tmp_pat
     assert wins[0]["node_path"] == [0, 1, 2]
 
 
+def test_record_and_page_show_the_decoded_prompt(tmp_path: Path) -> None:
+    tree, trajs = branching_tree()
+    log = RolloutLog(tmp_path, {"t1": TASK}, decode=lambda ids: "<|im_start|>user\n" + " ".join(map(str, ids)))
+    log.write(1, [tree], [torch.zeros(len(t.token_ids)) for t in trajs])
+    (record,) = read_step(tmp_path, 1)
+    assert record["prompt"] == "<|im_start|>user\n1 2 3"
+    page = (render_run(tmp_path).parent / "step-000001.html").read_text(encoding="utf-8")
+    assert "<summary>prompt</summary><pre>&lt;|im_start|&gt;user\n1 2 3</pre>" in page
+    write_run(tmp_path / "old", steps=1)  # without a decoder: no prompt text, no fold on the page
+    assert read_step(tmp_path / "old", 1)[0]["prompt"] == ""
+    assert "<summary>prompt" not in (render_run(tmp_path / "old").parent / "step-000001.html").read_text()
+
+
 def test_files_are_gzip_and_truncation_drops_later_steps(tmp_path: Path) -> None:
     write_run(tmp_path, steps=3)
     assert gzip.decompress(step_file(tmp_path, 2).read_bytes()).count(b"\n") == 1

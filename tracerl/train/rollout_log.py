@@ -2,13 +2,15 @@
 
 ``RUN_DIR/rollouts/step-NNNNNN.jsonl.gz`` holds one JSON object per rollout tree of step N::
 
-    {"tree_id", "task_id", "question", "answers",
+    {"tree_id", "task_id", "question", "answers", "prompt",
      "nodes": [{"id", "parent", "depth", "text", "assistant_tokens", "observation",
                 "observation_tokens", "action", "is_leaf", "reward", "visits", "value_target",
                 "readiness", "predictor"}],
      "trajectories": [{"leaf", "node_path", "reward", "infra_failed", "answer",
                        "readiness": [l_0..l_T] | null, "turn_advantage": [one per turn] | null}]}
 
+``prompt`` is the policy's prompt ``S_0`` as the tokenizer decodes it, special tokens kept (so a
+chat template's markup shows), cut to :data:`PROMPT_CHARS`; empty when no decoder was given.
 ``turn_advantage`` is the mean advantage the estimator gave the sampled tokens of each turn
 (estimators spread one value per turn, so it is that value). ``predictor`` is the success
 predictor's ``P(success)`` of the prefix ending at the node, computed with its public
@@ -27,7 +29,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from torch import Tensor
 
@@ -40,6 +42,8 @@ TEXT_CHARS = 600
 """Longest turn text kept per node (longer texts are cut, marked with an ellipsis)."""
 OBSERVATION_CHARS = 240
 """Longest observation preview kept per node."""
+PROMPT_CHARS = 4000
+"""Longest prompt kept per tree (a system text with tool schemas fits)."""
 
 
 def step_file(run_dir: Path, step: int) -> Path:
@@ -130,16 +134,19 @@ def _predictions(trees: Sequence[RolloutTree], predictor: Any) -> list[list[floa
     return out
 
 
-def tree_records(trees: Sequence[RolloutTree], tasks: dict[str, Task],
-                 advantages: dict[int, Tensor], predictor: Any = None) -> list[dict[str, Any]]:
-    """JSON-ready records of ``trees``; ``advantages`` maps ``id(trajectory)`` to its advantage."""
+def tree_records(trees: Sequence[RolloutTree], tasks: dict[str, Task], advantages: dict[int, Tensor],
+                 predictor: Any = None, decode: Callable[[list[int]], str] | None = None) -> list[dict[str, Any]]:
+    """JSON-ready records of ``trees``; ``advantages`` maps ``id(trajectory)`` to its advantage;
+    ``decode`` turns the prompt's token ids into text (None: no prompt text)."""
     records = []
     for tree, predicted in zip(trees, _predictions(trees, predictor)):
         task = tasks.get(tree.task_id)
         tree.backup()  # visits and value targets (idempotent)
+        prompt = decode(list(tree.prompt_ids)) if decode is not None else ""
         records.append({
             "tree_id": tree.tree_id, "task_id": tree.task_id,
             "question": task.question if task else "", "answers": list(task.answers) if task else [],
+            "prompt": _cut(prompt, PROMPT_CHARS),
             "nodes": [node_record(n, p) for n, p in zip(tree.nodes, predicted)],
             "trajectories": [trajectory_record(leaf, traj, advantages.get(id(traj)))
                              for leaf, traj in sorted(tree.trajectories.items())],
@@ -148,11 +155,13 @@ def tree_records(trees: Sequence[RolloutTree], tasks: dict[str, Task],
 
 
 class RolloutLog:
-    """Writes one gzip JSONL file of tree records per step (a no-op when disabled)."""
+    """Writes one gzip JSONL file of tree records per step (a no-op when disabled); ``decode``
+    renders each tree's prompt ids as text (the tokenizer's ``decode``, special tokens kept)."""
 
-    def __init__(self, run_dir: Path, tasks: dict[str, Task], *, enabled: bool = True) -> None:
+    def __init__(self, run_dir: Path, tasks: dict[str, Task], *, enabled: bool = True,
+                 decode: Callable[[list[int]], str] | None = None) -> None:
         self.folder = Path(run_dir) / ROLLOUTS_DIR
-        self.run_dir, self.tasks, self.enabled = Path(run_dir), tasks, enabled
+        self.run_dir, self.tasks, self.enabled, self.decode = Path(run_dir), tasks, enabled, decode
         if self.folder.is_dir():  # the Trainer holds the run lock: every temporary is stale
             remove_stale_temps(self.folder, holding_lock=True)
 
@@ -165,7 +174,7 @@ class RolloutLog:
         trajectories = [t for tree in trees for t in tree.trajectories.values()]
         by_traj = {id(t): a for t, a in zip(trajectories, advantages)}
         lines = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n"
-                        for r in tree_records(trees, self.tasks, by_traj, predictor))
+                        for r in tree_records(trees, self.tasks, by_traj, predictor, self.decode))
         self.folder.mkdir(exist_ok=True)
         path = step_file(self.run_dir, step)
         # mtime=0: the same records give byte-identical files (a rerun step after resume, say).

@@ -140,6 +140,11 @@ def trajectory_table(tree: dict[str, Any]) -> str:
     return f'<table class="trajectories">{head}{"".join(body)}</table>'
 
 
+def _prompt(text: str) -> str:
+    """The prompt the policy saw, folded (records written before prompts were logged have none)."""
+    return f'<details class="prompt"><summary>prompt</summary><pre>{escape(text)}</pre></details>' if text else ""
+
+
 def tree_section(index: int, tree: dict[str, Any]) -> str:
     """A tree: question, gold answers, summary, the node tree and the trajectory table."""
     leaves = [n for n in tree["nodes"] if n["is_leaf"]]
@@ -148,6 +153,7 @@ def tree_section(index: int, tree: dict[str, Any]) -> str:
     return (f'<section class="rollout-tree" id="tree-{index}"><h2>Tree {index + 1}: {escape(tree["task_id"])}</h2>'
             f'<p><b>Q:</b> {escape(tree.get("question", ""))} &nbsp; <b>gold:</b> '
             f'{escape(" | ".join(tree.get("answers", [])))}</p>'
+            f'{_prompt(tree.get("prompt", ""))}'
             f'<p class="summary">{len(tree["nodes"])} nodes, {len(leaves)} leaves ({wins} rewarded), '
             f'{branches} branching nodes</p>'
             f"{tree_list(tree['nodes'])}{trajectory_table(tree)}</section>")
