@@ -235,3 +235,29 @@ def test_eager_attention_takes_the_same_masks(exact_model) -> None:
     for req, scores in zip(requests, score_prefixes_batched(eager, requests, stats=stats)):
         torch.testing.assert_close(scores.double(), _expected(exact_model, req), atol=1e-5, rtol=0)
     assert stats.rows == 2  # the two trunk sequences share a trie row; the third is alone
+
+
+def test_reference_score_takes_a_batch_scorer() -> None:
+    """``batch_scorer`` replaces the HF forwards; node reuse, write-back and the finiteness check stay."""
+    tok, fmt = bpe_tokenizer(), get_format("react")
+    task = Task("t1", "Where was the author of Blue River born?", ("Lumen",))
+    calls: list[list[ScoreRequest]] = []
+
+    def by_cut(model, requests, *, max_batch_tokens, stats):  # l = -cut: readable, and tells cuts apart
+        calls.append(list(requests))
+        stats.requests += len(requests)
+        return [torch.tensor([-float(c) for c in r.cut_points]) for r in requests]
+
+    scorer = ReferenceScorer(tiny_model(len(tok), seed=2), tok, fmt, batch_scorer=by_cut)
+    tree = _tree(tok, "a", task)
+    stats = scorer.score([tree], {"t1": task})
+    assert len(calls) == 1 and stats.requests == 3  # one call for the three scored leaves
+    for traj in tree.trajectories.values():
+        if not traj.infra_failed:
+            assert traj.readiness == [-float(c) for c in traj.boundaries]
+    assert tree.root.readiness == -float(tree.trajectories[2].boundaries[0])
+    add_chain(tree, 1, [_turn(tok, "Action: answer[Ada Stone]", answer="Ada Stone")], 0.0)
+    assert scorer.score([tree], {"t1": task}).reused_cuts == 2 and len(calls[-1]) == 0  # answered from nodes
+    scorer.batch_scorer = lambda model, requests, **_: [torch.full((len(r.cut_points),), float("nan")) for r in requests]
+    with pytest.raises(ValueError, match="non-finite readiness"):
+        scorer.score([_tree(tok, "b", task)], {"t1": task})

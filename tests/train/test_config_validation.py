@@ -165,3 +165,21 @@ def test_nested_sections_are_named_by_their_path() -> None:
 def test_a_broken_run_config_yaml_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="not valid YAML"):
         config_from_yaml("optim: [unclosed\n")
+
+
+def test_reference_backend_is_validated_at_config_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve_config("trace").algo.reference_backend == "hf"
+    with pytest.raises(ConfigError, match="algo.reference_backend = 'sglang' is not valid; allowed values: hf, vllm"):
+        resolve_config("trace", overrides=["algo.reference_backend=sglang"])
+    real = importlib.util.find_spec
+    present = {"vllm": False, "peft": True}  # found (not imported) or not, whatever this venv holds
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if present[name] else None) if name in present else real(name, *a))
+    with pytest.raises(ConfigError, match=r"algo.reference_backend = 'vllm' needs vLLM: pip install 'tracerl\[vllm\]'"):
+        resolve_config("trace", overrides=["algo.reference_backend=vllm"])
+    present["vllm"] = True  # found (not imported): the config loads
+    assert resolve_config("trace", overrides=["algo.reference_backend=vllm"]).algo.reference_backend == "vllm"
+    with pytest.raises(ConfigError, match="does not work with a LoRA adapter"):
+        resolve_config("trace", overrides=["algo.reference_backend=vllm", "model.lora.r=4"])
+    with pytest.raises(ConfigError, match="needs model.backend = 'hf'"):
+        resolve_config("trace", overrides=["algo.reference_backend=vllm", "model.backend=vllm"])

@@ -13,7 +13,14 @@ from typing import Any
 from tracerl.models.backend import HFPolicy, PolicyBackend
 
 BACKENDS = ("hf", "vllm")
-VLLM_MISSING = "model.backend = 'vllm' needs vLLM: pip install 'tracerl[vllm]' (or make vllm)"
+
+
+def vllm_missing(option: str = "model.backend") -> str:
+    """The install message when ``option = 'vllm'`` is set without vLLM."""
+    return f"{option} = 'vllm' needs vLLM: pip install 'tracerl[vllm]' (or make vllm)"
+
+
+VLLM_MISSING = vllm_missing()
 
 
 def vllm_available() -> bool:
@@ -35,3 +42,16 @@ def make_backend(config: Any, model: Any, tokenizer: Any, *, seed: int = 0) -> P
 
         return VLLMPolicy(model, tokenizer, gpu_memory_utilization=config.vllm_gpu_memory_utilization, seed=seed)
     raise ValueError(f"model.backend = {name!r} is not valid; allowed values: {', '.join(BACKENDS)}")
+
+
+def make_reference_engine(config: Any, reference_model: Any, tokenizer: Any, *, seed: int = 0) -> Any:
+    """A :class:`~tracerl.models.vllm_scoring.VLLMReference` for ``algo.reference_backend = 'vllm'``:
+    a vLLM engine of ``reference_model`` (the frozen initial policy; never synced), taking
+    ``config.vllm_gpu_memory_utilization`` (``config``: a ``ModelConfig``)."""
+    if not vllm_available():
+        raise ValueError(vllm_missing("algo.reference_backend"))
+    from tracerl.models.vllm_backend import VLLMPolicy  # optional extra: imported on demand only
+    from tracerl.models.vllm_scoring import VLLMReference
+
+    policy = VLLMPolicy(reference_model, tokenizer, gpu_memory_utilization=config.vllm_gpu_memory_utilization, seed=seed)
+    return VLLMReference(policy)

@@ -9,7 +9,9 @@ is about ``max(cuts) + cuts * (|A| + |y*|)`` tokens instead of ``cuts * L``.
 
 Training scores many trajectories at once with :func:`score_readiness` (``ReferenceScorer.score``):
 readiness is a property of a tree node, so every distinct prefix is scored once, in a few batched
-forwards (:mod:`tracerl.models.batched_scoring`), and stored on the node for later calls.
+forwards (:mod:`tracerl.models.batched_scoring`), and stored on the node for later calls. The
+forwards are a :data:`BatchScorer`: :func:`score_prefixes_batched` by default, or vLLM's
+``prompt_logprobs`` (:class:`tracerl.models.vllm_scoring.VLLMReference`, ``algo.reference_backend``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from tracerl.models.lora import adapter_disabled, is_peft_model
 from tracerl.models.prefix_cache import forward_with_cache, new_cache, output_cache
 
 Method = Literal["packed", "crop"]
+BatchScorer = Callable[..., list[torch.Tensor]]
+"""``(model, requests, *, max_batch_tokens, stats) -> list[Tensor]``, the signature of
+:func:`score_prefixes_batched`: one float32 CPU tensor [len(request.cut_points)] per
+:class:`ScoreRequest`, in order; ``stats`` (a :class:`ScoreStats`) is filled in place."""
 _MASKABLE = ("sdpa", "eager")
 
 
@@ -242,6 +248,7 @@ def score_readiness(
     answer_ids: Callable[[str], tuple[list[int], list[int]]],
     *,
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    batch_scorer: BatchScorer | None = None,
 ) -> ScoreStats:
     """Write ``l_k`` at every boundary of every unscored trajectory in ``items`` (one batched call).
 
@@ -249,8 +256,9 @@ def score_readiness(
     gives ``(opener_ids, answer_ids)``. Infra-failed and already scored trajectories are skipped.
     For trajectories given through their tree, a boundary node that already holds ``readiness``
     (scored by an earlier call) is reused, and new scores are written onto the nodes; all other
-    prefixes go to :func:`score_prefixes_batched`, which scores each distinct prefix once.
-    Returns the call's :class:`ScoreStats` (``reused_cuts``: cuts answered from nodes).
+    prefixes go to ``batch_scorer`` in one call (default :func:`score_prefixes_batched`, which
+    scores each distinct prefix once). Returns the call's :class:`ScoreStats` (``reused_cuts``:
+    cuts answered from nodes).
     """
     requests, plans = [], []
     for traj, tree in _unscored(items):
@@ -265,7 +273,8 @@ def score_readiness(
             requests.append(ScoreRequest(tuple(traj.token_ids[: max(need)]), tuple(need), tuple(answer), tuple(opener)))
         plans.append((traj, tree, nodes, known))
     stats = ScoreStats(trajectories=len(plans))
-    scores = iter(score_prefixes_batched(model, requests, max_batch_tokens=max_batch_tokens, stats=stats))
+    scorer = batch_scorer or score_prefixes_batched
+    scores = iter(scorer(model, requests, max_batch_tokens=max_batch_tokens, stats=stats))
     for traj, tree, nodes, known in plans:
         fresh = iter(next(scores).tolist()) if None in known else iter(())
         values = [k if k is not None else next(fresh) for k in known]
@@ -287,10 +296,14 @@ class ReferenceScorer:
     mode with gradients off, and never updated. A peft (LoRA) model is *not* copied: the
     reference is the same model with its adapter disabled, entered through :meth:`frozen`
     around every reference forward.
+
+    ``batch_scorer`` replaces :func:`score_prefixes_batched` in :meth:`score` (it is handed
+    ``self.model``, which it may ignore: a vLLM engine holding the same frozen weights);
+    :meth:`readiness` and the KL term always run the HF model.
     """
 
     def __init__(self, model: Any, tokenizer: Any, fmt: Any, method: Method | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, batch_scorer: BatchScorer | None = None) -> None:
         if is_peft_model(model):
             self.model = model  # shared with the policy; frozen() switches the adapter off
         else:
@@ -302,6 +315,7 @@ class ReferenceScorer:
         self.tokenizer = tokenizer
         self.fmt = fmt
         self.method = method
+        self.batch_scorer = batch_scorer
         self._answer_cache: dict[str, tuple[list[int], list[int]]] = {}
 
     def _answer_ids(self, gold: str) -> tuple[list[int], list[int]]:
@@ -317,7 +331,8 @@ class ReferenceScorer:
         twice; ``readiness`` below stays the one-trajectory path (and the reference for tests).
         """
         with self.frozen():
-            return score_readiness(self.model, items, tasks, self._answer_ids, max_batch_tokens=max_batch_tokens)
+            return score_readiness(self.model, items, tasks, self._answer_ids, max_batch_tokens=max_batch_tokens,
+                                   batch_scorer=self.batch_scorer)
 
     @torch.no_grad()
     def readiness(self, trajectory: Trajectory, task: Task) -> list[float]:

@@ -27,7 +27,7 @@ from tracerl.core.types import Trajectory
 from tracerl.envs.coverage import check_tokenizer_coverage
 from tracerl.envs.health import ToolHealth
 from tracerl.envs.verifiers import get_verifier
-from tracerl.models.factory import make_backend
+from tracerl.models.factory import make_backend, make_reference_engine
 from tracerl.models.loading import load_model
 from tracerl.models.threads import set_threads
 from tracerl.models.lora import apply_lora, trainable_parameters
@@ -181,6 +181,12 @@ class Trainer:
         ref_dtype = DTYPES["bfloat16"] if cfg.model.dtype == "bfloat16" else None
         self.reference = (ReferenceScorer(self.model, self.tokenizer, self.fmt, dtype=ref_dtype)
                           if needs_reference else None)
+        self.reference_engine = None  # algo.reference_backend = vllm: readiness from a frozen vLLM engine
+        if self.reference is not None and cfg.algo.credit and cfg.algo.reference_backend == "vllm":
+            # built from the reference copy (the initial policy, also on resume) and never synced
+            self.reference_engine = make_reference_engine(cfg.model, self.reference.model, self.tokenizer,
+                                                          seed=cfg.seed)
+            self.reference.batch_scorer = self.reference_engine
         verifier = get_verifier(cfg.data.verifier)
         self.backend = make_backend(cfg.model, self.model, self.tokenizer, seed=cfg.seed)
         self.engine = RolloutEngine(self.backend, self.data.environment, self.fmt, verifier, cfg.rollout.engine)
@@ -444,6 +450,9 @@ class Trainer:
         so remove what it wrote (and the folder when this Trainer created it)."""
         if getattr(self, "log", None) is not None:
             self.log.close()
+        engine, self.reference_engine = getattr(self, "reference_engine", None), None
+        if engine is not None:
+            engine.close()
         if discard and self.lock.held:
             discard_partial_run(self.run_dir)
             (self.run_dir / "config.yaml").unlink(missing_ok=True)
