@@ -57,7 +57,8 @@ DEFAULT_MAX_BATCH_TOKENS = 16384
 """Padded tokens (prefill + packed blocks) per batched forward pair."""
 DEFAULT_MAX_ROW_TOKENS = 4096
 """Tokens of one trie row (sequences sharing a prefix packed together; its mask is P x P)."""
-_MASKABLE = ("sdpa", "eager")
+MASKABLE_ATTENTION = ("sdpa", "eager")
+"""Attention implementations that accept custom 4D masks (the packed scorers need them)."""
 _LOGIT_ELEMENTS = 1 << 25  # float32 logits materialised at once by the chunked head (128 MiB)
 _SCALED_HEAD = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
@@ -246,7 +247,7 @@ def score_prefixes_batched(
     if not requests:
         return []
     impl = getattr(model.config, "_attn_implementation", None) or "eager"
-    if impl not in _MASKABLE:
+    if impl not in MASKABLE_ATTENTION:
         return _score_each(model, requests, stats)
     rows, cuts, where = plan_requests(requests, max_row_tokens)
     by_row: dict[int, list[int]] = {}

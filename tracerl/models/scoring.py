@@ -17,13 +17,20 @@ forwards are a :data:`BatchScorer`: :func:`score_prefixes_batched` by default, o
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ContextManager, Literal
 
 import torch
 
 from tracerl.core.types import Action, RolloutTree, Task, Trajectory
-from tracerl.models.batched_scoring import DEFAULT_MAX_BATCH_TOKENS, ScoreRequest, ScoreStats, score_prefixes_batched
+from tracerl.models.batched_scoring import (
+    DEFAULT_MAX_BATCH_TOKENS,
+    MASKABLE_ATTENTION,
+    ScoreRequest,
+    ScoreStats,
+    score_prefixes_batched,
+)
 from tracerl.models.lora import adapter_disabled, is_peft_model
 from tracerl.models.prefix_cache import forward_with_cache, new_cache, output_cache
 
@@ -32,7 +39,6 @@ BatchScorer = Callable[..., list[torch.Tensor]]
 """``(model, requests, *, max_batch_tokens, stats) -> list[Tensor]``, the signature of
 :func:`score_prefixes_batched`: one float32 CPU tensor [len(request.cut_points)] per
 :class:`ScoreRequest`, in order; ``stats`` (a :class:`ScoreStats`) is filled in place."""
-_MASKABLE = ("sdpa", "eager")
 
 
 def _check_inputs(
@@ -107,7 +113,7 @@ def score_prefixes(
     _check_inputs(input_ids, cut_points, answer_ids, opener_ids)
     if method is None:
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
-        method = "packed" if impl in _MASKABLE else "crop"
+        method = "packed" if impl in MASKABLE_ATTENTION else "crop"
     if method not in ("packed", "crop"):
         raise ValueError(f"method must be 'packed' or 'crop', got {method!r}")
     device = next(model.parameters()).device
@@ -279,7 +285,7 @@ def score_readiness(
         fresh = iter(next(scores).tolist()) if None in known else iter(())
         values = [k if k is not None else next(fresh) for k in known]
         stats.reused_cuts += len(known) - known.count(None)
-        if not all(v == v and abs(v) != float("inf") for v in values):
+        if not all(math.isfinite(v) for v in values):
             raise ValueError(f"non-finite readiness scores for task {traj.task_id!r}: {values}")
         traj.readiness = values
         for n, v in zip(nodes or [], values):
@@ -352,7 +358,7 @@ class ReferenceScorer:
                 method=self.method,
             )
         values = scores.tolist()
-        if not all(v == v and abs(v) != float("inf") for v in values):
+        if not all(math.isfinite(v) for v in values):
             raise ValueError(f"non-finite readiness scores for task {task.id!r}: {values}")
         return values
 
