@@ -140,7 +140,7 @@ def test_full_logit_head_and_fallback_give_the_same_values(sharp_model, monkeypa
     assert batched_scoring._split_head(sharp_model) is None
     for a, b in zip(base, score_prefixes_batched(sharp_model, requests)):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
-    monkeypatch.setattr(batched_scoring, "_MASKABLE", ("eager",))  # as if sdpa ignored 4D masks
+    monkeypatch.setattr(batched_scoring, "MASKABLE_ATTENTION", ("eager",))  # as if sdpa ignored 4D masks
     stats = ScoreStats()
     for a, b in zip(base, score_prefixes_batched(sharp_model, requests, stats=stats)):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
