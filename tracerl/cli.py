@@ -235,6 +235,7 @@ def train(
     steps: int = typer.Option(None, help="Train until this many steps in total."),
     smoke: bool = typer.Option(False, help="Random tiny model on a tiny world: a sanity run in seconds."),
     resume: str = typer.Option(None, "--resume", help="Continue the run in this folder exactly."),
+    device: str = typer.Option(None, "--device", help="With --resume: continue on this device (e.g. cuda:0)."),
 ) -> None:
     """Train a policy with one of the method presets."""
     from tracerl.train.run import resume_training, start_training
@@ -242,8 +243,10 @@ def train(
     if steps is not None and steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
     _STATE["writing"] = resume or out
+    if device is not None and not resume:
+        raise UsageError("--device goes with --resume; a fresh start takes --set model.device=...")
     if resume:
-        start = resume_training(resume, steps=steps)
+        start = resume_training(resume, steps=steps, device=device)
     else:
         if not preset or not out:
             raise UsageError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")

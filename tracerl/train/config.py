@@ -209,7 +209,6 @@ class ModelConfig:
         _one_of("model", "dtype", self.dtype, ["float32", "bfloat16", "float16"])
         if self.threads < 0:
             raise ConfigError(f"model.threads must be >= 0 (0: $TRACERL_THREADS or all available cores), got {self.threads}")
-        check_device(self.device)  # cheap (no CUDA init); model.name_or_path: see resolve_config
         if self.dtype == "float16" and not self.device.startswith("cuda"):
             raise ConfigError(f"model.dtype = 'float16' needs model.device = 'cuda' (got {self.device!r}); "
                               "use model.dtype = 'bfloat16' on CPU")
@@ -437,6 +436,9 @@ def resolve_config(
     for text in overrides or []:
         data = merge(data, parse_override(text))
     config = from_dict(TrainConfig, data)
+    # Facts of this machine, checked where a run starts (and on resume: train/run.py), not in the
+    # dataclass: a run's config.yaml must stay loadable elsewhere (eval, plot, a CPU-only machine).
+    check_device(config.model.device)  # cheap (no CUDA init)
     # Only a fresh start loads name_or_path (a resumed run reloads its own initial policy).
     check_model_source(config.model.name_or_path)
     return config

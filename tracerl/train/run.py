@@ -8,6 +8,7 @@ from typing import Any, Callable
 import yaml
 
 from tracerl.train.checkpoint import latest_checkpoint
+from tracerl.train.config_checks import check_device
 from tracerl.train.config import config_from_yaml, resolve_config
 from tracerl.train.loop import Trainer
 from tracerl.train.metrics import console_line, is_interactive
@@ -28,7 +29,8 @@ def start_training(preset: str, out: str | Path, *, config_file: str | None = No
     return lambda: _run(trainer, config.steps)
 
 
-def resume_training(run_dir: str | Path, steps: int | None = None) -> Callable[[], list[dict[str, Any]]]:
+def resume_training(run_dir: str | Path, steps: int | None = None,
+                    device: str | None = None) -> Callable[[], list[dict[str, Any]]]:
     """Continue a run from its newest checkpoint with the config it was started with.
 
     A run killed before its first checkpoint has only ``config.yaml`` (and partial state): it
@@ -46,6 +48,9 @@ def resume_training(run_dir: str | Path, steps: int | None = None) -> Callable[[
         raise RunFolderError(f"{source} is not valid YAML ({type(err).__name__}); restore it") from None
     if steps is not None:
         config.steps = steps
+    if device is not None:  # e.g. a run started on cuda:1 continues on a machine with one GPU
+        config.model.device = device
+    check_device(config.model.device)
     trainer = Trainer(config, run_dir, resume=True)
     return lambda: _run(trainer, config.steps)
 
