@@ -9,15 +9,12 @@ import pickle
 import random
 
 import pytest
-from helpers_tiny import bpe_tokenizer, tiny_model
+from helpers_tiny import tiny_model
 
 from tracerl.agent.formats import get_format
 from tracerl.allocation.predictor import SuccessPredictor
 from tracerl.allocation.trace_scheme import TraceScheme
 from tracerl.core.types import RolloutTree
-from tracerl.envs.base import EnvConfig, ToolEnvironment
-from tracerl.envs.search import SearchIndex, search_tools
-from tracerl.envs.synthwiki import WorldConfig, build_world
 from tracerl.envs.verifiers import exact_match
 from tracerl.models.backend import HFPolicy
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
@@ -37,26 +34,6 @@ from tracerl.rollout.executor import (
 )
 from tracerl.rollout.schemes import SchemeConfig, TreeRandomScheme, expandable_nodes
 from tracerl.rollout.session import RolloutSession
-
-SMALL = WorldConfig(num_people=20, num_cities=10, num_countries=4, num_books=10, num_bands=6,
-                    num_companies=8, num_train=6, num_test=0, max_hops=2)
-
-
-@pytest.fixture(scope="module")
-def world():
-    return build_world(SMALL)
-
-
-@pytest.fixture(scope="module")
-def env(world, tmp_path_factory) -> ToolEnvironment:
-    index = SearchIndex(world.documents, cache_dir=tmp_path_factory.mktemp("bm25"))
-    return ToolEnvironment(search_tools(index, top_k=2, max_tokens=40), EnvConfig(max_turns=6))
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return bpe_tokenizer()
-
 
 def _engine(tok, env, cache: bool = True) -> RolloutEngine:
     policy = HFPolicy(tiny_model(len(tok), seed=4), tok, prefix_cache_bytes=256 * 2**20 if cache else 0)
