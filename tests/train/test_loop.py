@@ -105,3 +105,14 @@ def test_resuming_a_folder_without_checkpoint_starts_over(tmp_path: Path) -> Non
     with Trainer(smoke_config("grpo"), tmp_path, resume=True) as trainer:
         assert trainer.step_index == 0 and trainer.resume_from is None
     assert (tmp_path / "config.yaml").exists() and (tmp_path / "initial" / "config.json").exists()
+
+
+def test_trained_tokens_count_every_optimiser_step_of_a_batch(tmp_path: Path) -> None:
+    """With optim.updates_per_step = 2 the batch is split in two optimiser steps; the tokens trained
+    are a count over both (the same rows carry signal however the batch is split), not an average."""
+    counts = []
+    for updates in (1, 2):
+        with Trainer(smoke_config("trace_credit", "steps=1", f"optim.updates_per_step={updates}"),
+                     tmp_path / str(updates)) as trainer:
+            counts.append(trainer.run(1)[0]["trained_tokens"])
+    assert counts[0] > 0 and counts[1] == counts[0]

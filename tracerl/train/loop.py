@@ -299,8 +299,8 @@ class Trainer:
             part = [pairs[i] for i in chunk]
             metrics = policy_update(self.model, self.optimizer, [p[0] for p in part], [p[1] for p in part],
                                     self.update_settings, self.tokenizer.pad_token_id, reference, self.scaler)
-            for key, value in metrics.items():
-                merged[key] = merged.get(key, 0.0) + value / len(chunks)  # the mismatch keys are not among them
+            for key, value in metrics.items():  # counts add up over the optimiser steps; the rest is averaged
+                merged[key] = merged.get(key, 0.0) + (value if key in _COUNT_KEYS else value / len(chunks))
         self.scheduler.step()
         return merged
 
@@ -484,6 +484,10 @@ def _prepare_policy(model: Any, config: TrainConfig) -> Any:
             model.to(dtype=torch.bfloat16)      # autocast protects only float32 weights from overflow)
         model = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
     return model
+
+
+_COUNT_KEYS = ("trained_tokens", "nonfinite_skipped", "scaler_skipped")
+"""Update metrics that count (tokens, skipped optimiser steps): summed over ``optim.updates_per_step``."""
 
 
 def _lap(timings: dict[str, float], name: str, since: float) -> float:
