@@ -132,7 +132,7 @@ def save_checkpoint(
         handle.flush()
         os.fsync(handle.fileno())
     (tmp / "config.yaml").write_text(config_yaml)
-    _fsync_tree(tmp)
+    fsync_tree(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     fsync_dir(run_dir)
@@ -159,7 +159,7 @@ def prune_checkpoints(run_dir: Path, current: str, keep_last: int) -> list[str]:
     return removed
 
 
-def _fsync_tree(folder: Path) -> None:
+def fsync_tree(folder: Path) -> None:
     """fsync every file under ``folder`` (HF writers do not), so the rename publishes durable data."""
     for path in folder.rglob("*"):
         if path.is_file():

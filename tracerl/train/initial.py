@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tracerl.train.checkpoint import fsync_tree
 from tracerl.train.runfolder import RunFolderError, fsync_dir, temp_path, write_atomic
 
 REFERENCE_FILE = "reference.json"
@@ -58,6 +59,7 @@ def write_initial(initial: Path, model: Any, tokenizer: Any, name_or_path: str) 
     else:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+    fsync_tree(tmp)  # HF writers do not fsync: make the content durable before the rename publishes it
     os.replace(tmp, initial)
     fsync_dir(initial.parent)
 
