@@ -141,10 +141,13 @@ class Trainer:
         cfg = self.config
         set_threads(cfg.model.threads, cfg.model.device)
         initial = self.run_dir / INITIAL
+        # A LoRA base is loaded on the CPU and moved once cast to the working precision
+        # (_prepare_policy), so the GPU never holds its float32 copy (2x the budgeted memory).
+        device = "cpu" if cfg.model.lora.r > 0 else cfg.model.device
         if self.resume_from is not None:
             source = initial_source(initial)  # a vanished or changed referenced base model is named here
             try:
-                return load_model(source, dtype=cfg.model.dtype, device=cfg.model.device)
+                return load_model(source, dtype=cfg.model.dtype, device=device)
             except (OSError, ValueError) as err:
                 raise RunFolderError(f"{source} is damaged ({type(err).__name__}: {err}); "
                                      "the run cannot be resumed") from None
@@ -154,7 +157,7 @@ class Trainer:
             vocab = vocabulary_texts(cfg.data.world, self.fmt)
         model, tokenizer = load_model(
             cfg.model.name_or_path, vocabulary_texts=vocab, tiny_preset=cfg.model.tiny_preset,
-            dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+            dtype=cfg.model.dtype, device=device, seed=cfg.seed)
         write_initial(initial, model, tokenizer, cfg.model.name_or_path)
         return model, tokenizer
 
@@ -482,6 +485,7 @@ def _prepare_policy(model: Any, config: TrainConfig) -> Any:
     if lora.r > 0:
         if config.model.dtype == "bfloat16":  # the frozen base needs no float32 master copy (not float16:
             model.to(dtype=torch.bfloat16)      # autocast protects only float32 weights from overflow)
+        model.to(device=config.model.device)  # loaded on the CPU (see _initial_policy)
         model = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
     return model
 
