@@ -112,3 +112,7 @@ class ScriptedPolicy:
                 ids, reason = ids[: params.max_new_tokens], "length"
             out.append(Generation(ids, [-0.5] * len(ids), self.tokenizer.decode(ids, skip_special_tokens=True), reason))
         return out
+
+
+SCORING_VOCAB = 97
+"""Vocabulary of the scorer tests' random models (tests/models/conftest.py: sharp_model, exact_model)."""

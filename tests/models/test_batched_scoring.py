@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_tiny import bpe_tokenizer, tiny_model
+from helpers_tiny import SCORING_VOCAB, bpe_tokenizer, tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,27 +21,8 @@ from tracerl.models import batched_scoring  # noqa: E402
 from tracerl.models.batched_scoring import ScoreRequest, ScoreStats, score_prefixes_batched  # noqa: E402
 from tracerl.models.scoring import ReferenceScorer, score_prefixes  # noqa: E402
 
-VOCAB = 97
+VOCAB = SCORING_VOCAB  # the vocabulary of conftest's sharp_model/exact_model
 MARK = 96  # an opener token no trajectory uses: counts scored blocks in the forward inputs
-
-
-@pytest.fixture(scope="module")
-def sharp_model():
-    """Large random weights: per-cut scores differ by several nats, so misplaced masks show."""
-    model = tiny_model(VOCAB, seed=1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(6.0)
-    return model
-
-
-@pytest.fixture(scope="module")
-def exact_model(sharp_model):
-    """The sharp model in float64: batched and per-trajectory paths must agree far below 1e-4
-    (in float32 the x6 weights amplify summation-order noise to ~1e-5 relative)."""
-    import copy
-
-    return copy.deepcopy(sharp_model).double()
 
 
 def _expected(model, req: ScoreRequest) -> torch.Tensor:

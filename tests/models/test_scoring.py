@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers_tiny import bpe_tokenizer, tiny_model, word_tokenizer
+from helpers_tiny import SCORING_VOCAB, bpe_tokenizer, tiny_model, word_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,27 +12,7 @@ from tracerl.agent.formats import get_format
 from tracerl.core.types import Action, Task, Trajectory, Turn
 from tracerl.models.scoring import ReferenceScorer, answer_token_ids, score_prefixes, score_prefixes_naive
 
-VOCAB = 97
-
-
-@pytest.fixture(scope="module")
-def sharp_model():
-    """A random model with large weights: per-cut scores differ by several nats, so bugs show."""
-    model = tiny_model(VOCAB, seed=1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(6.0)
-    return model
-
-
-@pytest.fixture(scope="module")
-def exact_model(sharp_model):
-    """The sharp model in float64: in float32 its x6 weights turn summation-order noise into
-    ~1e-5 relative differences (1.6e-4 absolute at a score of -19 was seen), so the comparison
-    of algorithms runs in float64 and holds far below 1e-4."""
-    import copy
-
-    return copy.deepcopy(sharp_model).double()
+VOCAB = SCORING_VOCAB  # the vocabulary of conftest's sharp_model/exact_model
 
 
 @st.composite
