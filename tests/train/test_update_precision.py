@@ -12,10 +12,10 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 
 from tracerl.core.types import Action, Trajectory, Turn
 from tracerl.models.memory import enable_gradient_checkpointing
+from tracerl.models.heads import logit_transform
 from tracerl.train.update import (
     UpdateSettings,
     _full_logprobs,
-    _logit_transform,
     _micro_batch_loss,
     pad_trajectories,
     policy_update,
@@ -175,13 +175,13 @@ def test_token_logprobs_rejects_a_non_positive_temperature() -> None:
 
 def test_logit_transforms_of_families_that_rescale_logits() -> None:
     x = torch.tensor([1.0, -4.0])
-    softcap = _logit_transform(type("C", (), {"final_logit_softcapping": 2.0})())
+    softcap = logit_transform(type("C", (), {"final_logit_softcapping": 2.0})())
     assert torch.allclose(softcap(x), torch.tensor([2 * math.tanh(0.5), 2 * math.tanh(-2.0)]))
-    cohere = _logit_transform(type("C", (), {"logit_scale": 0.5})())
+    cohere = logit_transform(type("C", (), {"logit_scale": 0.5})())
     assert torch.equal(cohere(x), torch.tensor([0.5, -2.0]))
-    granite = _logit_transform(type("C", (), {"logits_scaling": 4.0})())
+    granite = logit_transform(type("C", (), {"logits_scaling": 4.0})())
     assert torch.equal(granite(x), torch.tensor([0.25, -1.0]))
-    assert torch.equal(_logit_transform(object())(x), x)
+    assert torch.equal(logit_transform(object())(x), x)
 
 
 def test_trainer_with_bf16_compute_keeps_fp32_master_state(tmp_path) -> None:

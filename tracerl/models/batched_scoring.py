@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from tracerl.models.heads import head_logprobs, rescales_logits, split_head
 from tracerl.models.prefix_cache import forward_with_cache, new_cache, output_cache
 from tracerl.models.scoring_plan import Cut, Row, ScoreRequest, group_batches, plan_requests, validate_request
 
@@ -60,7 +61,6 @@ DEFAULT_MAX_ROW_TOKENS = 4096
 MASKABLE_ATTENTION = ("sdpa", "eager")
 """Attention implementations that accept custom 4D masks (the packed scorers need them)."""
 _LOGIT_ELEMENTS = 1 << 25  # float32 logits materialised at once by the chunked head (128 MiB)
-_SCALED_HEAD = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 @dataclass
@@ -88,16 +88,9 @@ class ScoreStats:
 
 
 def _split_head(model: Any) -> tuple[Any, Any] | None:
-    """``(decoder, lm_head)`` when logits are a plain projection of the decoder's last hidden state."""
-    if any(getattr(model.config, name, None) not in (None, 1.0) for name in _SCALED_HEAD):
-        return None
-    get_decoder, get_head = getattr(model, "get_decoder", None), getattr(model, "get_output_embeddings", None)
-    if not (callable(get_decoder) and callable(get_head)):
-        return None
-    decoder, head = get_decoder(), get_head()
-    if decoder is None or head is None or decoder is model:
-        return None
-    return decoder, head
+    """``(decoder, lm_head)`` when logits are a plain projection of the decoder's last hidden state
+    (a family that rescales its logits takes the full-logits path)."""
+    return None if rescales_logits(model.config) else split_head(model)
 
 
 def _forward(model: Any, split: tuple[Any, Any] | None, ids: torch.Tensor, cache: Any, prefill: bool,
@@ -166,6 +159,10 @@ def _layout(cuts: Sequence[Sequence[Cut]]) -> dict[str, list[list[int]] | list[i
     return lay
 
 
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 def _target_logprobs(split: tuple[Any, Any] | None, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """float32 log-prob of ``targets`` [N] under hidden states (or logits) ``rows`` [N, H], chunked."""
     out = []
@@ -173,10 +170,7 @@ def _target_logprobs(split: tuple[Any, Any] | None, rows: torch.Tensor, targets:
     step = max(1, _LOGIT_ELEMENTS // vocab)
     for i in range(0, rows.shape[0], step):
         chunk = rows[i : i + step]
-        logits = split[1](chunk) if split is not None else chunk
-        # a fused log-softmax (measured faster on CPU than logit[y] - logsumexp)
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        out.append(logp.gather(-1, targets[i : i + step, None]).squeeze(-1))
+        out.append(head_logprobs(chunk, targets[i : i + step], split[1] if split is not None else _identity))
     return torch.cat(out)
 
 

@@ -24,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tracerl.core.losses import aggregate_loss, clipped_surrogate_loss, k3_kl, loss_normaliser
 from tracerl.core.types import Trajectory
+from tracerl.models.heads import head_logprobs, logit_transform, split_head
 from tracerl.models.lora import trainable_parameters
 from tracerl.models.precision import compute_context, model_device
 
@@ -73,36 +74,6 @@ def pad_trajectories(trajectories: Sequence[Trajectory], advantages: Sequence[Te
     return PaddedBatch(move(ids), move(attention), move(mask), move(old), move(adv))
 
 
-def _logit_transform(config: Any) -> Callable[[Tensor], Tensor]:
-    """What a family's ``ForCausalLM.forward`` does to ``lm_head`` output before returning logits.
-
-    Covered: Cohere's ``logit_scale`` (multiply), Granite's ``logits_scaling`` (divide), Gemma 2/3's
-    ``final_logit_softcapping`` (``c * tanh(x / c)``). Llama, Qwen2/3, Mistral and most others
-    return ``lm_head(h)`` unchanged. A family not listed that rescales logits would need adding here.
-    """
-    scale = getattr(config, "logit_scale", None)
-    divide = getattr(config, "logits_scaling", None)
-    cap = getattr(config, "final_logit_softcapping", None)
-
-    def transform(logits: Tensor) -> Tensor:
-        if scale is not None:
-            logits = logits * scale
-        if divide is not None:
-            logits = logits / divide
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
-
-    return transform
-
-
-def _chunk_logprobs(hidden: Tensor, targets: Tensor, head: torch.nn.Module, transform: Callable[[Tensor], Tensor],
-                    temperature: float) -> Tensor:
-    """log-softmax(head(hidden) / T)[targets] in float32: hidden [N, H], targets [N] -> [N]."""
-    logits = transform(head(hidden)).float() / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
-
-
 def _full_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, temperature: float) -> Tensor:
     """Fallback for models without ``get_decoder``/``get_output_embeddings``: full [B, L-1, V] logits."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
@@ -123,21 +94,21 @@ def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, temper
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 to score log-probs, got {temperature} "
                          "(rollout.engine.temperature = 0 is greedy decoding; train with a positive temperature)")
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if decoder is None or head is None or decoder is model:
+    split = split_head(model)
+    if split is None:
         picked = _full_logprobs(model, input_ids, attention_mask, temperature)
         return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+    decoder, head = split
     hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     batch, length = input_ids.shape
     flat_hidden = hidden[:, :-1].reshape(batch * (length - 1), hidden.shape[-1])
     flat_targets = input_ids[:, 1:].reshape(-1)
-    transform = _logit_transform(model.config)
+    transform = logit_transform(model.config)
     recompute = torch.is_grad_enabled() and flat_hidden.requires_grad
     pieces = []
     for start in range(0, flat_targets.numel(), chunk):
         args = (flat_hidden[start : start + chunk], flat_targets[start : start + chunk], head, transform, temperature)
-        pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute else _chunk_logprobs(*args))
+        pieces.append(checkpoint(head_logprobs, *args, use_reentrant=False) if recompute else head_logprobs(*args))
     picked = torch.cat(pieces).view(batch, length - 1) if pieces else flat_hidden.new_zeros(batch, 0).float()
     return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
 
