@@ -158,9 +158,34 @@ def slow_tree_turn_values(
     return per_turn, group_adv
 
 
-def slow_tree_grpo(batch: AdvantageBatch, opts: AdvantageOptions) -> list[list[float]]:
+def slow_tree_anchor(batch: AdvantageBatch, opts: AdvantageOptions) -> list[list[float]]:
     per_turn, _ = slow_tree_turn_values(batch, opts)
     return [slow_spread(t, v) for t, v in zip(batch.trajectories, per_turn)]
+
+
+def slow_tree_grpo(batch: AdvantageBatch, opts: AdvantageOptions) -> list[list[float]]:
+    """Tree-GRPO: GRPO over the prompt's leaves plus GRPO over the leaves of the same search
+    tree (same RolloutTree and same first node below the root); chains are one-leaf trees."""
+    rewards, groups, valid = _columns(batch)
+    inter = slow_group_adv(rewards, groups, valid, opts.std, opts.eps)
+    trees = []
+    for i, traj in enumerate(batch.trajectories):
+        registered = traj.tree_id in batch.trees and len(traj.node_path) > 1
+        trees.append((traj.tree_id, traj.node_path[1]) if registered else ("own", i))
+    intra = slow_group_adv(rewards, trees, valid, opts.std, opts.eps)
+    return [
+        slow_spread(t, [inter[i] + intra[i]] * len(t.turns)) for i, t in enumerate(batch.trajectories)
+    ]
+
+
+def slow_values(readiness: Sequence[float], form: str, eps: float) -> list[float]:
+    """The three credit value forms written out (spec section 2 step 2 and its ablation)."""
+    d = [-score + eps for score in readiness]
+    if form == "log_ratio":
+        return [math.log(d[0] / dk) for dk in d]
+    if form == "raw_diff":
+        return [lk - readiness[0] for lk in readiness]
+    return [(d[0] - dk) / d[0] for dk in d]
 
 
 def slow_trace_credit(batch: AdvantageBatch, opts: AdvantageOptions) -> list[list[float]]:
@@ -170,8 +195,7 @@ def slow_trace_credit(batch: AdvantageBatch, opts: AdvantageOptions) -> list[lis
         values = [opts.w_out * v for v in per_turn[i]]
         if not traj.infra_failed:
             assert traj.readiness is not None
-            d = [-score + opts.credit_eps for score in traj.readiness]
-            v = [math.log(d[0] / dk) for dk in d]
+            v = slow_values(traj.readiness, opts.credit_value, opts.credit_eps)
             credit = slow_credit(v, group_adv[i], opts.horizon, opts.gamma_td, opts.terminal_scale)
             k = 0
             for j, turn in enumerate(traj.turns):
@@ -186,6 +210,7 @@ SLOW = {
     "grpo": slow_grpo,
     "rloo": slow_rloo_tokens,
     "gigpo": slow_gigpo,
+    "tree_anchor": slow_tree_anchor,
     "tree_grpo": slow_tree_grpo,
     "trace_credit": slow_trace_credit,
 }

@@ -21,7 +21,7 @@ from tracerl.core.advantages import (
 )
 from tracerl.core.types import RolloutTree, Trajectory
 
-ESTIMATORS = ["grpo", "rloo", "gigpo", "tree_grpo", "trace_credit"]
+ESTIMATORS = ["grpo", "rloo", "gigpo", "tree_anchor", "tree_grpo", "trace_credit"]
 SQRT2 = math.sqrt(2.0)
 
 
@@ -159,6 +159,7 @@ def test_registry_lists_estimators_and_rejects_unknown_names() -> None:
         ("credit_eps", 0.0),
         ("w_out", float("inf")),
         ("w_turn", "0.2"),
+        ("credit_value", "log"),
     ],
 )
 def test_options_validation_names_the_field(field: str, value: object) -> None:
@@ -204,27 +205,62 @@ def test_gigpo_hand_computed() -> None:
         assert assistant_values(traj, adv) == pytest.approx([2 * episode[i], episode[i] + step1[i]])
 
 
-def test_tree_grpo_hand_computed() -> None:
+def test_tree_anchor_hand_computed() -> None:
     # root -> s1 -> {ans1 (r=1), ans2 (r=0)};  root -> s2 -> ans3 (r=0). Anchor: s1.
     tree, trajs = make_tree("t", [["s1", "ans1"], ["s1", "ans2"], ["s2", "ans3"]], [1.0, 0.0, 0.0])
     assert tree.branch_anchors() == [1]
-    out = run("tree_grpo", AdvantageBatch(trajs, {"t": tree}))
+    out = run("tree_anchor", AdvantageBatch(trajs, {"t": tree}))
     g = [SQRT2, -1 / SQRT2, -1 / SQRT2]  # (r - 1/3) / sqrt(2/9)
     expected = [[g[0], g[0] + 1.0], [g[1], g[1] - 1.0], [g[2], g[2]]]
     for traj, adv, exp in zip(trajs, out, expected):
         assert assistant_values(traj, adv) == pytest.approx(exp)
 
 
-def test_tree_grpo_uses_the_deepest_anchor() -> None:
+def test_tree_anchor_uses_the_deepest_anchor() -> None:
     # s1 branches into s2 / ansX; s2 branches into ansA / ansB. Turn 2 contrasts under s2.
     paths = [["s1", "s2", "ansA"], ["s1", "s2", "ansB"], ["s1", "ansX"]]
     tree, trajs = make_tree("t", paths, [1.0, 0.0, 0.0])
-    out = run("tree_grpo", AdvantageBatch(trajs, {"t": tree}))
+    out = run("tree_anchor", AdvantageBatch(trajs, {"t": tree}))
     g = [SQRT2, -1 / SQRT2, -1 / SQRT2]
     # Under s1 (all three leaves) the local advantage is the group one again.
     assert assistant_values(trajs[0], out[0]) == pytest.approx([g[0], 2 * g[0], g[0] + 1.0])
     assert assistant_values(trajs[1], out[1]) == pytest.approx([g[1], 2 * g[1], g[1] - 1.0])
     assert assistant_values(trajs[2], out[2]) == pytest.approx([g[2], 2 * g[2]])
+
+
+def test_tree_grpo_hand_computed() -> None:
+    # Two Tree-GRPO trees of one prompt under one RolloutTree root: tree s1 holds leaves
+    # {A: 1, B: 0, C: 0} (B branched at s2, C at s1), tree s3 holds {D: 1}; a chain E (r=0) of
+    # the same prompt is a tree of its own.
+    paths = [["s1", "s2", "ansA"], ["s1", "s2", "ansB"], ["s1", "ansC"], ["s3", "ansD"]]
+    tree, trajs = make_tree("t", paths, [1.0, 0.0, 0.0, 1.0], group="p")
+    chain = make_traj(["s1", "ansE"], 0.0, group="p")
+    batch = AdvantageBatch([*trajs, chain], {"t": tree})
+    out = run("tree_grpo", batch)
+    # Inter-tree: group {1, 0, 0, 1, 0}, mean 0.4, population std sqrt(0.24).
+    sd = math.sqrt(0.24)
+    inter = [0.6 / sd, -0.4 / sd, -0.4 / sd, 0.6 / sd, -0.4 / sd]
+    # Intra-tree: tree s1 {1, 0, 0}: mean 1/3, std sqrt(2/9); D and E are alone: 0.
+    intra = [SQRT2, -1 / SQRT2, -1 / SQRT2, 0.0, 0.0]
+    for i, (traj, adv) in enumerate(zip(batch.trajectories, out)):
+        value = inter[i] + intra[i]
+        # One value on every sampled token, prefix turns included; none elsewhere.
+        assert assistant_values(traj, adv) == pytest.approx([value] * len(traj.turns))
+        assert not adv[~torch.tensor(traj.sampled)].any()
+    # The authors' normalisation (unbiased std) is the std option: intra for A = (2/3)/sqrt(1/3).
+    unbiased = run("tree_grpo", batch, std="unbiased")
+    sd_u = math.sqrt(1.2 / 4)
+    assert assistant_values(trajs[0], unbiased[0])[0] == pytest.approx(0.6 / sd_u + (2 / 3) / math.sqrt(1 / 3))
+
+
+def test_tree_grpo_ignores_branch_depth_unlike_tree_anchor() -> None:
+    # One search tree: the whole contrast is intra-tree, the same on every turn of a leaf.
+    paths = [["s1", "s2", "ansA"], ["s1", "s2", "ansB"], ["s1", "ansX"]]
+    tree, trajs = make_tree("t", paths, [1.0, 0.0, 0.0])
+    out = run("tree_grpo", AdvantageBatch(trajs, {"t": tree}))
+    g = [SQRT2, -1 / SQRT2, -1 / SQRT2]
+    for traj, adv, gi in zip(trajs, out, g):
+        assert assistant_values(traj, adv) == pytest.approx([2 * gi] * len(traj.turns))
 
 
 def test_trace_credit_hand_computed() -> None:
@@ -238,6 +274,25 @@ def test_trace_credit_hand_computed() -> None:
     c_b = [-ln2 + 2 * 0.5 * -1.0]
     assert assistant_values(a, out[0]) == pytest.approx([1 + 0.5 * c_a[0], 1 + 0.5 * c_a[1], 1.0])
     assert assistant_values(b, out[1]) == pytest.approx([-1 + 0.5 * c_b[0], -1.0])
+
+
+@pytest.mark.parametrize(
+    ("form", "c_a", "c_b"),
+    [
+        # A: l = [-1.9, -0.9, -0.4] (d = [2, 1, 0.5]); B: l = [-0.9, -1.9] (d = [1, 2]).
+        # raw_diff: V_A = [0, 1, 1.5], V_B = [0, -1]; remaining_gap: V_A = [0, .5, .75], V_B = [0, -1].
+        ("raw_diff", [(1.0 + 0.5 * 0.5) / 1.5 + 0.5, 0.5 + 1.0], -1.0 - 1.0),
+        ("remaining_gap", [(0.5 + 0.5 * 0.25) / 1.5 + 0.5, 0.25 + 1.0], -1.0 - 1.0),
+        ("log_ratio", [math.log(2) + 0.5, math.log(2) + 1.0], -math.log(2) - 1.0),
+    ],
+)
+def test_trace_credit_value_forms_hand_computed(form: str, c_a: list[float], c_b: float) -> None:
+    a = make_traj(["s1", "s2", "ansA"], 1.0, readiness=[-1.9, -0.9, -0.4])
+    b = make_traj(["s1", "ansB"], 0.0, readiness=[-0.9, -1.9])
+    opts = {"horizon": 2, "gamma_td": 0.5, "terminal_scale": 2.0, "w_turn": 0.5, "credit_value": form}
+    out = run("trace_credit", AdvantageBatch([a, b]), **opts)
+    assert assistant_values(a, out[0]) == pytest.approx([1 + 0.5 * c_a[0], 1 + 0.5 * c_a[1], 1.0])
+    assert assistant_values(b, out[1]) == pytest.approx([-1 + 0.5 * c_b, -1.0])
 
 
 def test_trace_credit_needs_readiness_of_the_right_length() -> None:
@@ -262,12 +317,14 @@ def test_trace_credit_needs_readiness_of_the_right_length() -> None:
 def test_tree_node_path_mismatch_is_an_error() -> None:
     tree, trajs = make_tree("t", [["s1", "ans1"], ["s1", "ans2"]], [1.0, 0.0])
     trajs[0].node_path = trajs[0].node_path[:-1]
-    with pytest.raises(ValueError, match="node_path"):
-        run("tree_grpo", AdvantageBatch(trajs, {"t": tree}))
+    for name in ("tree_anchor", "tree_grpo"):
+        with pytest.raises(ValueError, match="node_path"):
+            run(name, AdvantageBatch(trajs, {"t": tree}))
     for wrong in ([0, 2, 3], [0, 1, 9]):  # not a parent chain / no such node
         trajs[0].node_path = wrong
-        with pytest.raises(ValueError, match="root-to-leaf"):
-            run("tree_grpo", AdvantageBatch(trajs, {"t": tree}))
+        for name in ("tree_anchor", "tree_grpo"):
+            with pytest.raises(ValueError, match="root-to-leaf"):
+                run(name, AdvantageBatch(trajs, {"t": tree}))
 
 
 @pytest.mark.parametrize("name", ESTIMATORS)
@@ -330,6 +387,7 @@ OPTIONS = st.builds(
     gamma_td=st.sampled_from([0.8, 0.5, 0.0, 1.0]),
     terminal_scale=st.sampled_from([2.0, 0.0, -1.0]),
     w_turn=st.sampled_from([0.2, 1.0]),
+    credit_value=st.sampled_from(["log_ratio", "raw_diff", "remaining_gap"]),
 )
 
 
@@ -359,6 +417,8 @@ def test_one_branch_per_node_tree_equals_chain(
 ) -> None:
     chains = AdvantageBatch(batch.trajectories, {})
     for tree_name, chain_name in [
+        ("tree_anchor", "grpo"),
+        ("tree_anchor", "tree_anchor"),
         ("tree_grpo", "grpo"),
         ("tree_grpo", "tree_grpo"),
         ("trace_credit", "trace_credit"),
@@ -373,5 +433,6 @@ def test_root_only_branching_equals_grpo() -> None:
     # Branching at the root is the group contrast itself, not a local anchor.
     tree, trajs = make_tree("t", [["s1", "ansA"], ["s2", "ansB"], ["ansC"]], [1.0, 0.0, 0.5])
     batch = AdvantageBatch(trajs, {"t": tree})
-    for a, b in zip(run("tree_grpo", batch), run("grpo", batch)):
-        assert torch.equal(a, b)
+    for name in ("tree_anchor", "tree_grpo"):  # tree_grpo: each root child is a one-leaf tree
+        for a, b in zip(run(name, batch), run("grpo", batch)):
+            assert torch.equal(a, b)

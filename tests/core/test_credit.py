@@ -10,7 +10,7 @@ from core_reference import slow_credit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracerl.core.credit import log_ratio_values, td_turn_credit
+from tracerl.core.credit import log_ratio_values, prefix_values, td_turn_credit
 
 
 def t64(xs: list[float]) -> torch.Tensor:
@@ -181,3 +181,58 @@ def test_td_turn_credit_accepts_tensor_outcome() -> None:
         t64([0.0, 1.0]), torch.tensor(1.0), horizon=1, gamma=0.5, terminal_scale=2.0
     )
     assert credit.tolist() == [1.0 + 2.0 * 0.5]
+
+
+# ----------------------------------------------------------------------------- value forms
+
+
+@pytest.mark.parametrize(
+    ("form", "expected"),
+    [
+        # l = [-1.9, -0.9, -0.4, -0.1], eps = 0.1, d = [2, 1, 0.5, 0.2].
+        ("log_ratio", [0.0, math.log(2), math.log(4), math.log(10)]),
+        ("raw_diff", [0.0, 1.0, 1.5, 1.8]),  # l_k - l_0
+        ("remaining_gap", [0.0, 0.5, 0.75, 0.9]),  # (d_0 - d_k) / d_0
+    ],
+)
+def test_prefix_values_hand_computed(form: str, expected: list[float]) -> None:
+    values = prefix_values(t64(READINESS), form, eps=0.1)
+    assert torch.allclose(values, t64(expected), atol=1e-12)
+    assert values[0].item() == 0.0
+    assert prefix_values(torch.tensor(READINESS), form).dtype == torch.float32
+
+
+# Quarter steps: distinct scores stay distinct after the gap arithmetic (the order check).
+coarse = st.lists(st.integers(-80, 0).map(lambda q: q / 4), min_size=1, max_size=9)
+
+
+@settings(deadline=None, max_examples=80)
+@given(readiness=coarse, eps=st.floats(min_value=1e-3, max_value=2.0))
+def test_value_forms_start_at_zero_telescope_and_agree_on_order(readiness: list[float], eps: float) -> None:
+    scores_in = t64(readiness)
+    log_ratio = prefix_values(scores_in, "log_ratio", eps)
+    gap = prefix_values(scores_in, "remaining_gap", eps)
+    raw = prefix_values(scores_in, "raw_diff", eps)
+    for values in (log_ratio, gap, raw):
+        assert values[0].item() == 0.0
+        one_step = td_turn_credit(values, 0.0, horizon=1, terminal_scale=0.0)
+        assert math.isclose(one_step.sum().item(), values[-1].item(), abs_tol=1e-9)
+        # Every form is increasing in l_k: more readiness, more value.
+        order = torch.sign(values.unsqueeze(0) - values.unsqueeze(1))
+        assert torch.equal(order, torch.sign(scores_in.unsqueeze(0) - scores_in.unsqueeze(1)))
+    # remaining_gap is 1 - d_k/d_0 = 1 - exp(-log_ratio); raw_diff is d_0 - d_k.
+    assert torch.allclose(gap, 1.0 - torch.exp(-log_ratio), atol=1e-12)
+    gaps = -scores_in + eps
+    assert torch.allclose(raw, gaps[0] - gaps, atol=1e-12)
+
+
+def test_prefix_values_errors() -> None:
+    with pytest.raises(ValueError, match="log_ratio, raw_diff, remaining_gap"):
+        prefix_values(t64(READINESS), "ratio")
+    for form in ("log_ratio", "raw_diff", "remaining_gap"):
+        with pytest.raises(ValueError, match="<= 1e-06"):
+            prefix_values(t64([-1.0, 0.5]), form)
+    # A non-positive gap is an error only where the form divides by it or takes its log.
+    assert prefix_values(t64([-1.0, 5e-7]), "raw_diff", 1e-7).tolist() == pytest.approx([0.0, 1.0])
+    with pytest.raises(ValueError, match="remaining gap"):
+        prefix_values(t64([-1.0, 5e-7]), "remaining_gap", 1e-7)

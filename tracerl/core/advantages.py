@@ -11,8 +11,8 @@ Estimators (spec sections 2-4):
 * ``grpo``: group-normalised outcome advantage broadcast to all sampled tokens.
 * ``rloo``: reward minus the mean of the other valid members of the group.
 * ``gigpo``: episode advantage plus ``omega`` x step advantage over identical anchor states.
-* ``tree_grpo``: group advantage plus the local contrast under the nearest branching anchor.
-* ``trace_credit``: ``w_out`` x tree-aware outcome advantage plus ``w_turn`` x TRACE turn credit.
+* ``tree_grpo``, ``tree_anchor``, ``trace_credit``: in :mod:`tracerl.core.tree_advantages` (tree-aware
+  and TRACE-credit estimators; imported and registered at the end of this module).
 
 Group statistics are computed with ``index_add`` over integer group indices, in float64.
 Estimators live in :data:`ESTIMATORS` (a :class:`~tracerl.core.registry.Registry`, so
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from tracerl.core.credit import log_ratio_values, td_turn_credit
+from tracerl.core.credit import VALUE_FORMS
 from tracerl.core.registry import Registry
 from tracerl.core.types import RolloutTree, Trajectory
 
@@ -57,6 +57,10 @@ class AdvantageOptions:
     """TRACE terminal fill scale ``kappa``."""
     credit_eps: float = 0.1
     """TRACE remaining-gap ``eps`` in ``d_k = -l_k + eps``."""
+    credit_value: str = "log_ratio"
+    """TRACE state-value form (the credit paper's ablation; ``V_0 = 0`` in each): ``log_ratio``
+    ``V_k = log(d_0/d_k)`` (the paper's), ``raw_diff`` ``V_k = l_k - l_0`` or ``remaining_gap``
+    ``V_k = (d_0 - d_k)/d_0``; see :func:`tracerl.core.credit.prefix_values`."""
     w_out: float = 1.0
     """TRACE weight of the outcome advantage."""
     w_turn: float = 0.2
@@ -65,6 +69,8 @@ class AdvantageOptions:
     def __post_init__(self) -> None:
         if self.std not in STD_MODES:
             raise ValueError(f"std must be one of {', '.join(STD_MODES)}; got {self.std!r}")
+        if self.credit_value not in VALUE_FORMS:
+            raise ValueError(f"credit_value must be one of {', '.join(VALUE_FORMS)}; got {self.credit_value!r}")
         if isinstance(self.horizon, bool) or not isinstance(self.horizon, int) or self.horizon < 0:
             raise ValueError(f"horizon must be an integer >= 0, got {self.horizon!r}")
         for name in ("eps", "credit_eps"):
@@ -337,96 +343,6 @@ def gigpo(batch: AdvantageBatch, options: AdvantageOptions) -> list[Tensor]:
     return out
 
 
-def tree_outcome_turn_advantages(
-    batch: AdvantageBatch, options: AdvantageOptions
-) -> tuple[list[Tensor], Tensor]:
-    """Tree-aware outcome advantage per turn (spec section 3) and the group advantage.
-
-    Turn j of a leaf (node ``node_path[j+1]``) gets the leaf's group GRPO advantage plus
-    its GRPO advantage among the valid batch leaves under the deepest branching anchor in
-    ``node_path[1..j]`` (non-root nodes with more than one child); no anchor, no extra term.
-
-    Returns:
-        (per-trajectory ``[n_turns]`` float64 tensors, ``[B]`` float64 group advantage)
-    """
-    rewards, valid, groups = _rewards_valid(batch)
-    group_adv = _outcome(rewards, groups, valid, options)
-    row_keys: list[tuple[str, int]] = []
-    row_traj: list[int] = []
-    turn_rows: list[list[int]] = []  # per trajectory, per turn: row of the deepest anchor or -1
-    anchor_cache: dict[str, set[int]] = {}
-    for i, traj in enumerate(batch.trajectories):
-        found = _tree_path(batch, traj, anchor_cache)
-        rows = [-1] * len(traj.turns)
-        if found is not None:
-            path, anchors = found
-            current = -1
-            for j in range(len(traj.turns)):
-                if j >= 1 and path[j] in anchors:
-                    current = len(row_keys)
-                    row_keys.append((traj.tree_id, path[j]))
-                    row_traj.append(i)
-                rows[j] = current
-        turn_rows.append(rows)
-    picks = torch.tensor(row_traj, dtype=torch.long)
-    local = group_outcome_advantage(
-        rewards[picks], row_keys, std=options.std, eps=options.eps, valid=valid[picks]
-    )
-    local = torch.cat([local, local.new_zeros(1)])  # row -1 reads this trailing zero
-    per_turn = [
-        group_adv[i] + local[torch.tensor(rows, dtype=torch.long)]
-        for i, rows in enumerate(turn_rows)
-    ]
-    return per_turn, group_adv
-
-
-@register_estimator("tree_grpo")
-def tree_grpo(batch: AdvantageBatch, options: AdvantageOptions) -> list[Tensor]:
-    """Tree-GRPO style advantage (spec section 3); equals ``grpo`` on chains."""
-    per_turn, _ = tree_outcome_turn_advantages(batch, options)
-    return [_spread(t, v) for t, v in zip(batch.trajectories, per_turn)]
-
-
-def trajectory_turn_credit(
-    traj: Trajectory, outcome_advantage: float, options: AdvantageOptions
-) -> Tensor:
-    """TRACE credit ``c_k`` of each transition of one trajectory (spec section 2 steps 2-5)."""
-    needed = traj.num_transitions + 1
-    if traj.readiness is None or len(traj.readiness) != needed:
-        got = "none" if traj.readiness is None else f"{len(traj.readiness)} scores"
-        raise ValueError(
-            f"trajectory {traj.task_id!r} (group {traj.group_id!r}) needs readiness for "
-            f"{needed} prefixes S_0..S_T, got {got}"
-        )
-    try:
-        scores = torch.tensor(traj.readiness, dtype=torch.float64)
-        values = log_ratio_values(scores, options.credit_eps)
-        return td_turn_credit(
-            values,
-            outcome_advantage,
-            horizon=options.horizon,
-            gamma=options.gamma_td,
-            terminal_scale=options.terminal_scale,
-        )
-    except ValueError as err:
-        raise ValueError(f"trajectory {traj.task_id!r} (group {traj.group_id!r}): {err}") from err
-
-
-@register_estimator("trace_credit", needs_readiness=True)
-def trace_credit(batch: AdvantageBatch, options: AdvantageOptions) -> list[Tensor]:
-    """``w_out`` x tree-aware outcome advantage + ``w_turn`` x ``c_k`` on transition k's
-    assistant span (spec section 2 step 7, section 3 "with credit on"). ``A_out`` in the
-    terminal fill is the leaf's group GRPO advantage; the answer turn gets no turn term.
-    Infra-failed trajectories need no readiness (they get zeros)."""
-    per_turn, group_adv = tree_outcome_turn_advantages(batch, options)
-    out = []
-    for i, traj in enumerate(batch.trajectories):
-        values = options.w_out * per_turn[i]
-        if not traj.infra_failed:
-            credit = trajectory_turn_credit(traj, float(group_adv[i]), options)
-            transition = torch.tensor([t.is_transition for t in traj.turns], dtype=torch.bool)
-            turn_term = torch.zeros(len(traj.turns), dtype=torch.float64)
-            turn_term[transition] = credit.to(torch.float64)
-            values = values + options.w_turn * turn_term
-        out.append(_spread(traj, values))
-    return out
+# Tree-aware and TRACE-credit estimators live in their own module; importing it registers them
+# (at the end of this module, so that it can import the helpers above).
+from tracerl.core import tree_advantages as _tree_advantages  # noqa: E402,F401

@@ -4,8 +4,18 @@ The reference scores the gold answer ``y*`` after every prefix ``S_0..S_T``; the
 mean log-probability ``l_k`` is the prefix's *readiness*. Two pure functions turn these
 scores into one credit per transition:
 
-* :func:`log_ratio_values`: ``d_k = -l_k + eps`` (the remaining gap), ``V_k = log(d_0 / d_k)``
-  (the log-ratio value form, the best one in the credit paper's ablation), so ``V_0 = 0``.
+* :func:`prefix_values`: the state value ``V_k`` in one of three forms (the credit paper's
+  value-form ablation), each with ``V_0 = 0`` so the TD rewards telescope to ``V_T``:
+
+  - ``log_ratio`` (default, the paper's method): ``V_k = log(d_0 / d_k)`` with the remaining
+    gap ``d_k = -l_k + eps``;
+  - ``raw_diff`` ("raw log-prob difference"): ``V_k = l_k - l_0``;
+  - ``remaining_gap``: the share of the initial gap closed, ``V_k = (d_0 - d_k) / d_0``, the
+    linear (first-order) form of the log-ratio. The unnormalised ``d_0 - d_k`` equals
+    ``l_k - l_0`` exactly (``eps`` cancels), i.e. ``raw_diff``, so the named form must be the
+    normalised one to be a distinct ablation arm.
+
+  :func:`log_ratio_values` is the default form by name.
 * :func:`td_turn_credit`: one-step TD rewards ``delta_k = V_{k+1} - V_k``, a normalised
   discounted K-step window truncated at the end of the trajectory, plus a terminal fill of
   ``kappa * g^(T-k) * A_out`` on the transitions whose window reaches the last transition.
@@ -44,8 +54,69 @@ def _out_dtype(x: Tensor) -> torch.dtype:
     return x.dtype if x.is_floating_point() else torch.get_default_dtype()
 
 
+VALUE_FORMS = ("log_ratio", "raw_diff", "remaining_gap")
+"""State-value forms of :func:`prefix_values` (``algo.advantage.credit_value``)."""
+
+
+def _checked_scores(prefix_logprobs: Tensor, eps: float) -> tuple[Tensor, float]:
+    """Validated float64 readiness scores (finite, <= tolerance) and ``eps`` as a float."""
+    if not math.isfinite(_as_float("eps", eps)) or eps <= 0:
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    scores = _check_vector("prefix_logprobs", prefix_logprobs)
+    positive = scores > POSITIVE_SCORE_TOLERANCE
+    if bool(positive.any()):
+        where = torch.nonzero(positive).flatten().tolist()
+        raise ValueError(
+            f"prefix_logprobs must be <= {POSITIVE_SCORE_TOLERANCE} (log-probabilities); "
+            f"positions {where} hold {scores[positive].tolist()}"
+        )
+    return scores, float(eps)
+
+
+def _gaps(scores: Tensor, eps: float) -> Tensor:
+    """Remaining gaps ``d_k = -l_k + eps``; a non-positive gap is an error (a log or a ratio of it)."""
+    gaps = -scores + eps
+    if bool((gaps <= 0).any()):
+        where = torch.nonzero(gaps <= 0).flatten().tolist()
+        raise ValueError(f"remaining gap d_k = -l_k + eps is <= 0 at positions {where} (eps={eps})")
+    return gaps
+
+
+def prefix_values(prefix_logprobs: Tensor, form: str = "log_ratio", eps: float = 0.1) -> Tensor:
+    """State values ``V_0..V_T`` of one trajectory in the value form ``form`` (module docstring).
+
+    Args:
+        prefix_logprobs: ``[T+1]`` readiness scores ``l_0..l_T`` (mean log-prob of ``y*``).
+        form: ``log_ratio`` (``log(d_0/d_k)``), ``raw_diff`` (``l_k - l_0``) or
+            ``remaining_gap`` (``(d_0 - d_k)/d_0``), with ``d_k = -l_k + eps``.
+        eps: part of the remaining-gap definition (default 0.1), not a stabiliser; validated
+            for every form, unused by ``raw_diff``.
+
+    Returns:
+        ``[T+1]`` values with ``V_0 = 0`` exactly, in the input's floating dtype.
+
+    Raises:
+        ValueError: an unknown form, empty or non-1-D input, non-finite scores, a score above
+            ``1e-6``, ``eps <= 0`` or (gap forms) a non-positive gap ``d_k``.
+    """
+    if form not in VALUE_FORMS:
+        raise ValueError(f"credit value form must be one of {', '.join(VALUE_FORMS)}; got {form!r}")
+    scores, eps = _checked_scores(prefix_logprobs, eps)
+    if form == "raw_diff":
+        values = scores - scores[0]
+    else:
+        gaps = _gaps(scores, eps)
+        if form == "log_ratio":
+            values = torch.log(gaps[0]) - torch.log(gaps)
+        else:
+            values = (gaps[0] - gaps) / gaps[0]
+    return values.to(_out_dtype(prefix_logprobs))
+
+
 def log_ratio_values(prefix_logprobs: Tensor, eps: float = 0.1) -> Tensor:
     """State values ``V_k = log(d_0 / d_k)`` with ``d_k = -l_k + eps`` (spec section 2 step 2).
+
+    The default value form: ``prefix_values(prefix_logprobs, "log_ratio", eps)``.
 
     Args:
         prefix_logprobs: ``[T+1]`` readiness scores ``l_0..l_T`` (mean log-prob of ``y*``).
@@ -58,23 +129,7 @@ def log_ratio_values(prefix_logprobs: Tensor, eps: float = 0.1) -> Tensor:
         ValueError: empty or non-1-D input, non-finite scores, a score above ``1e-6``,
             ``eps <= 0`` or a non-positive gap ``d_k``.
     """
-    if not math.isfinite(_as_float("eps", eps)) or eps <= 0:
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
-    eps = float(eps)
-    scores = _check_vector("prefix_logprobs", prefix_logprobs)
-    positive = scores > POSITIVE_SCORE_TOLERANCE
-    if bool(positive.any()):
-        where = torch.nonzero(positive).flatten().tolist()
-        raise ValueError(
-            f"prefix_logprobs must be <= {POSITIVE_SCORE_TOLERANCE} (log-probabilities); "
-            f"positions {where} hold {scores[positive].tolist()}"
-        )
-    gaps = -scores + eps
-    if bool((gaps <= 0).any()):
-        where = torch.nonzero(gaps <= 0).flatten().tolist()
-        raise ValueError(f"remaining gap d_k = -l_k + eps is <= 0 at positions {where} (eps={eps})")
-    values = torch.log(gaps[0]) - torch.log(gaps)
-    return values.to(_out_dtype(prefix_logprobs))
+    return prefix_values(prefix_logprobs, "log_ratio", eps)
 
 
 def _as_float(name: str, x: object) -> float:
@@ -129,7 +184,7 @@ def td_turn_credit(
     ``h = 0``, so the terminal fill then lands on the last transition ``k = T-1`` only.
 
     Args:
-        values: ``[T+1]`` state values ``V_0..V_T`` (see :func:`log_ratio_values`).
+        values: ``[T+1]`` state values ``V_0..V_T`` (see :func:`prefix_values`).
         outcome_advantage: the leaf's GRPO outcome advantage ``A_out``.
         horizon: window length ``K`` (default 3).
         gamma: window discount ``g`` in [0, 1] (default 0.8); ``0^0 = 1``.

@@ -1,5 +1,11 @@
 """Per-token policy losses and their aggregation (spec section 2 step 8).
 
+Policy losses (:data:`POLICY_LOSSES`, ``algo.policy_loss``):
+
+* ``ppo``: :func:`clipped_surrogate_loss`, the token-level clipped PPO/GRPO surrogate.
+* ``gspo``: :func:`gspo_surrogate_loss`, GSPO's sequence-level importance ratio (Zheng et al.,
+  arXiv 2507.18071), with the per-sequence aggregation ``seq-mean-token-mean``.
+
 The per-token terms (:func:`clipped_surrogate_loss`, :func:`k3_kl`) are kept apart from the
 aggregation, and the aggregation's normaliser is computed *once per optimiser step* over all
 micro-batches (:func:`loss_normaliser`). Each micro-batch then contributes
@@ -49,16 +55,100 @@ def clipped_surrogate_loss(
     (``[B, L]`` or ``[L]``); the output has that shape. Tokens with ``A = 0`` (masked
     observation tokens) get exactly 0.
     """
-    if not (0.0 <= clip_low < 1.0):
-        raise ValueError(f"clip_low must lie in [0, 1), got {clip_low!r}")
-    if not (math.isfinite(clip_high) and clip_high >= 0.0):
-        raise ValueError(f"clip_high must be a finite number >= 0, got {clip_high!r}")
+    _check_clip(clip_low, clip_high)
     _same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
     ratio = torch.exp(logprobs - old_logprobs)
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     loss = -torch.minimum(ratio * advantages, clipped * advantages)
     # An exact zero on zero-advantage tokens even if the ratio overflowed there.
     return torch.where(advantages == 0, torch.zeros_like(loss), loss)
+
+
+def _as_rows(*tensors: Tensor) -> list[Tensor]:
+    """``[L]`` inputs as one ``[1, L]`` sequence; ``[B, L]`` unchanged; anything else is an error."""
+    if tensors[0].dim() not in (1, 2):
+        raise ValueError(f"GSPO inputs must be [B, L] (or [L]), got shape {tuple(tensors[0].shape)}")
+    return [t.unsqueeze(0) if t.dim() == 1 else t for t in tensors]
+
+
+def sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """GSPO's ``log s_i = (1/|y_i|) sum_t (logprobs - old_logprobs)`` over each row's trained tokens.
+
+    ``[B, L]`` (or ``[L]``) inputs, ``mask`` selecting the sampled tokens (observation and prompt
+    tokens are not part of the "sequence" ``y_i`` of a multi-turn trajectory). Returns ``[B]``
+    (``[1]`` for ``[L]``); a row without trained tokens gets 0 (ratio 1). Masked positions never
+    enter, even when they hold NaN or inf.
+    """
+    _same_shape(logprobs=logprobs, old_logprobs=old_logprobs, mask=mask)
+    lp, old, m = _as_rows(logprobs, old_logprobs, mask)
+    m = m.bool()
+    diff = torch.where(m, lp - old, torch.zeros_like(lp))
+    return diff.sum(dim=1) / m.sum(dim=1).clamp(min=1).to(diff.dtype)
+
+
+def _check_clip(clip_low: float, clip_high: float) -> None:
+    if not (0.0 <= clip_low < 1.0):
+        raise ValueError(f"clip_low must lie in [0, 1), got {clip_low!r}")
+    if not (math.isfinite(clip_high) and clip_high >= 0.0):
+        raise ValueError(f"clip_high must be a finite number >= 0, got {clip_high!r}")
+
+
+def gspo_surrogate_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+) -> Tensor:
+    """Per-token form of GSPO's clipped sequence-level surrogate, to *minimise*.
+
+    GSPO (arXiv 2507.18071) maximises ``(1/G) sum_i min(s_i A_i, clip(s_i, 1-eps_l, 1+eps_h) A_i)``
+    with ``s_i = exp(sequence_log_ratio)`` and the paper's clip range ``eps_l = 3e-4``,
+    ``eps_h = 4e-4``. This returns its GSPO-token form: token t of row i holds
+    ``-min(r_it A_it, clip(r_it) A_it)`` with ``r_it = sg[s_i] * exp(lp_it - sg[lp_it])``, which
+    has the value ``s_i`` and the gradient ``s_i * grad lp_it``. Aggregated with
+    ``seq-mean-token-mean`` (mean over sequences of the token mean) and a sequence-level
+    advantage (``A_it = A_i``, as ``grpo`` gives), value and gradient equal GSPO's exactly; with
+    token-varying advantages it is the paper's GSPO-token.
+
+    Shapes: all inputs ``[B, L]`` (or ``[L]``); returns that shape. Tokens with ``A = 0`` (masked
+    observation tokens) get exactly 0.
+    """
+    _check_clip(clip_low, clip_high)
+    _same_shape(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
+    seq = sequence_log_ratio(logprobs, old_logprobs, mask).exp()  # [B]
+    lp, adv = _as_rows(logprobs, advantages)
+    ratio = seq.detach().unsqueeze(1) * torch.exp(lp - lp.detach())
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = -torch.minimum(ratio * adv, clipped * adv)
+    loss = torch.where(adv == 0, torch.zeros_like(loss), loss)
+    return loss if logprobs.dim() == 2 else loss.squeeze(0)
+
+
+PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor, float, float], tuple[Tensor, Tensor]]
+"""``(logprobs, old_logprobs, advantages, mask, clip_low, clip_high) -> (per-token loss,
+detached ratio the clip acts on)``, all ``[B, L]``; the ratio feeds the clip-fraction metric."""
+
+
+def _ppo_loss(lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, low: float, high: float) -> tuple[Tensor, Tensor]:
+    loss = clipped_surrogate_loss(lp, old, adv, clip_low=low, clip_high=high)
+    return loss, torch.exp(lp - old).detach()
+
+
+def _gspo_loss(lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, low: float, high: float) -> tuple[Tensor, Tensor]:
+    loss = gspo_surrogate_loss(lp, old, adv, mask, clip_low=low, clip_high=high)
+    ratio = sequence_log_ratio(lp, old, mask).detach().exp()
+    return loss, ratio.unsqueeze(1).expand_as(loss) if loss.dim() == 2 else ratio.expand_as(loss)
+
+
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", accept_paths=False)
+"""Policy losses by name (``algo.policy_loss``)."""
+POLICY_LOSSES.add("ppo", _ppo_loss)
+POLICY_LOSSES.add("gspo", _gspo_loss)
+SEQUENCE_LEVEL_LOSSES = ("gspo",)
+"""Losses defined per sequence: they need the ``seq-mean-token-mean`` aggregation."""
 
 
 def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:

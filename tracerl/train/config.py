@@ -16,7 +16,7 @@ import yaml
 from tracerl.allocation.predictor import PredictorConfig
 from tracerl.agent.formats import FORMATS
 from tracerl.core.advantages import ESTIMATORS, AdvantageOptions, estimator_needs_readiness
-from tracerl.core.losses import available_aggregations
+from tracerl.core.losses import POLICY_LOSSES, SEQUENCE_LEVEL_LOSSES, available_aggregations
 from tracerl.envs.data import PARQUET_MISSING, parquet_available
 from tracerl.envs.synthwiki import WorldConfig
 from tracerl.core.registry import Registry, RegistryError, is_import_path
@@ -255,9 +255,25 @@ class AlgoConfig:
     ``model.backend = 'vllm'`` (two in-process engines; see the README). The KL term, when on,
     still uses the HF copy."""
     advantage: AdvantageOptions = field(default_factory=AdvantageOptions)
+    policy_loss: str = "ppo"
+    """``ppo`` (token-level clipped surrogate, ratio clipped at ``optim.clip_low/high``) or ``gspo``
+    (GSPO's sequence-level ratio over the trajectory's sampled tokens, clipped at
+    ``algo.gspo_clip_low/high``; needs ``optim.loss_agg = 'seq-mean-token-mean'``). GSPO's clip range
+    is tiny: in bf16/fp16, set ``optim.recompute_old_logprobs = 'always'`` so a sampler/trainer
+    log-prob mismatch is not read as policy change."""
+    gspo_clip_low: float = 3e-4
+    gspo_clip_high: float = 4e-4
+    """GSPO's clip range ``[1 - gspo_clip_low, 1 + gspo_clip_high]`` of the sequence ratio (the
+    paper's 3e-4 and 4e-4, arXiv 2507.18071)."""
 
     def __post_init__(self) -> None:
         _registered("algo", "estimator", self.estimator, ESTIMATORS)
+        _one_of("algo", "policy_loss", self.policy_loss, POLICY_LOSSES.names())
+        check_finite("algo", self)
+        if not 0 <= self.gspo_clip_low < 1:
+            raise ConfigError(f"algo.gspo_clip_low must lie in [0, 1), got {self.gspo_clip_low}")
+        if not self.gspo_clip_high >= 0:
+            raise ConfigError(f"algo.gspo_clip_high must be >= 0, got {self.gspo_clip_high}")
         _one_of("algo", "reference_backend", self.reference_backend, BACKENDS)
         if self.reference_backend == "vllm" and not vllm_available():
             raise ConfigError(vllm_missing("algo.reference_backend"))
@@ -377,6 +393,9 @@ class TrainConfig:
         _one_of("<root>", "preset", self.preset, list(PRESETS))
         if self.steps < 1:
             raise ConfigError(f"steps must be >= 1, got {self.steps}")
+        if self.algo.policy_loss in SEQUENCE_LEVEL_LOSSES and self.optim.loss_agg != "seq-mean-token-mean":
+            raise ConfigError(f"algo.policy_loss = {self.algo.policy_loss!r} is a sequence-level loss: it needs "
+                              f"optim.loss_agg = 'seq-mean-token-mean', got {self.optim.loss_agg!r}")
         check_finite("", self)  # every section, the predictor and algo.advantage included
         if self.algo.reference_backend == "vllm":
             if self.model.lora.r > 0:
@@ -398,8 +417,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "grpo": {"rollout": {"scheme": "chain"}, "algo": {"estimator": "grpo"}},
     "dapo": {"rollout": {"scheme": "dapo"}, "algo": {"estimator": "grpo"}},
     "gigpo": {"rollout": {"scheme": "chain"}, "algo": {"estimator": "gigpo"}},
+    "gspo": {"rollout": {"scheme": "chain"}, "algo": {"estimator": "grpo", "policy_loss": "gspo"},
+             "optim": {"loss_agg": "seq-mean-token-mean"}},
     "tree_grpo": {"rollout": {"scheme": "tree_random"}, "algo": {"estimator": "tree_grpo"}},
-    "trace_alloc": {"rollout": {"scheme": "trace"}, "algo": {"estimator": "tree_grpo"}},
+    "trace_alloc": {"rollout": {"scheme": "trace"}, "algo": {"estimator": "tree_anchor"}},
     "trace_credit": {"rollout": {"scheme": "chain"}, "algo": {"estimator": "trace_credit", "credit": True}},
     "trace": {"rollout": {"scheme": "trace"}, "algo": {"estimator": "trace_credit", "credit": True}},
 }

@@ -63,7 +63,7 @@ from tracerl.train.runfolder import (
     remove_stale_temps,
     write_atomic,
 )
-from tracerl.train.update import UpdateSettings, policy_update, with_trainer_logprobs
+from tracerl.train.update import policy_update, update_settings, with_trainer_logprobs
 
 INITIAL = "initial"
 """Run sub-folder with the initial policy (a copy, or a checked reference to an on-disk base
@@ -208,8 +208,7 @@ class Trainer:
                                            weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.scaler = grad_scaler(cfg.model.device, cfg.model.dtype)  # float16 on CUDA only
-        self.update_settings = UpdateSettings(o.micro_batch_size, cfg.rollout.engine.temperature, o.clip_low,
-                                              o.clip_high, o.kl_coef, o.loss_agg, o.grad_clip, dtype=cfg.model.dtype)
+        self.update_settings = update_settings(cfg)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.step_index, self.cursor = 0, 0
         self.totals = {"rollouts": 0, "generated_tokens": 0}

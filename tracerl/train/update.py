@@ -1,6 +1,7 @@
-"""The policy update: clipped-PPO over micro-batches with one normaliser per optimiser step.
+"""The policy update: a clipped surrogate (``ppo`` or ``gspo``) over micro-batches with one
+normaliser per optimiser step.
 
-Math (surrogate, KL, aggregation) lives in :mod:`tracerl.core.losses`; this module only
+Math (surrogates, KL, aggregation) lives in :mod:`tracerl.core.losses`; this module only
 batches trajectories into padded tensors on the model's device, runs the model under the
 working precision and steps the optimiser.
 
@@ -16,17 +17,20 @@ import math
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from tracerl.core.losses import aggregate_loss, clipped_surrogate_loss, k3_kl, loss_normaliser
+from tracerl.core.losses import POLICY_LOSSES, aggregate_loss, k3_kl, loss_normaliser
 from tracerl.core.types import Trajectory
 from tracerl.models.heads import head_logprobs, logit_transform, split_head
 from tracerl.models.lora import trainable_parameters
 from tracerl.models.precision import compute_context, model_device
+
+if TYPE_CHECKING:
+    from tracerl.train.config import TrainConfig
 
 LOGPROB_CHUNK = 1024
 """Positions per lm_head chunk: at Qwen3's 151,936-token vocabulary one chunk's fp32 logits are
@@ -125,6 +129,18 @@ class UpdateSettings:
     dtype: str = "float32"
     """Working precision of the forwards (``model.dtype``); weights and optimiser stay float32."""
     logprob_chunk: int = LOGPROB_CHUNK
+    policy_loss: str = "ppo"
+    """A name in :data:`~tracerl.core.losses.POLICY_LOSSES`; ``clip_low``/``clip_high`` are its clip range."""
+
+
+def update_settings(cfg: TrainConfig) -> UpdateSettings:
+    """The update's settings from a run config: GSPO clips at ``algo.gspo_clip_low/high``, PPO at
+    ``optim.clip_low/high``."""
+    o, algo = cfg.optim, cfg.algo
+    gspo = algo.policy_loss == "gspo"
+    low, high = (algo.gspo_clip_low, algo.gspo_clip_high) if gspo else (o.clip_low, o.clip_high)
+    return UpdateSettings(o.micro_batch_size, cfg.rollout.engine.temperature, low, high, o.kl_coef, o.loss_agg,
+                          o.grad_clip, dtype=cfg.model.dtype, policy_loss=algo.policy_loss)
 
 
 def _reference_parts(reference: Any) -> tuple[Any, Callable[[], ContextManager[Any]]]:
@@ -256,8 +272,8 @@ def _micro_batch_loss(model: Any, batch: PaddedBatch, settings: UpdateSettings, 
     with compute:
         logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask, settings.temperature,
                                   settings.logprob_chunk)
-    per_token = clipped_surrogate_loss(
-        logprobs, batch.old_logprobs, batch.advantages, clip_low=settings.clip_low, clip_high=settings.clip_high
+    per_token, ratio = POLICY_LOSSES.get(settings.policy_loss)(
+        logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, settings.clip_low, settings.clip_high
     )
     kl = torch.zeros_like(per_token)
     if reference is not None and settings.kl_coef > 0:
@@ -269,8 +285,7 @@ def _micro_batch_loss(model: Any, batch: PaddedBatch, settings: UpdateSettings, 
         per_token = per_token + settings.kl_coef * kl
     loss = aggregate_loss(per_token, batch.loss_mask, settings.loss_agg, normaliser)
     with torch.no_grad():
-        m = batch.loss_mask
-        ratio = torch.exp(logprobs - batch.old_logprobs)
+        m = batch.loss_mask  # the ratio the loss clips: per token (ppo) or per sequence (gspo)
         clipped = ((ratio < 1 - settings.clip_low) | (ratio > 1 + settings.clip_high)) & m
         stats = torch.stack([(kl * m).sum(), clipped.sum().float(), m.sum().float()])
     return loss, stats
