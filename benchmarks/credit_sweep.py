@@ -1,0 +1,216 @@
+"""TRACE credit sweeps: the window K, the turn weight w_turn and the value form (issue 13 item 3).
+
+Trains the ``trace_credit`` preset (chain rollouts, TRACE turn credit) at several values of
+``algo.advantage.horizon`` (K), ``algo.advantage.w_turn`` and ``algo.advantage.credit_value``,
+everything else as in ``sample_efficiency.py`` (its budget, evaluation and setting, imported
+from it and from ``common.py``), and reports held-out accuracy per point over seeds.
+
+Grids: ``cross`` (default) varies one knob at a time around the spec's defaults (K = 3,
+w_turn = 0.2, log_ratio): K in ``--horizons``, w_turn in ``--w-turns``, the forms in
+``--forms``; ``full`` is the K x w_turn grid (log_ratio only). ``w_turn = 0`` is GRPO exactly
+(chains, no turn term; the reference still scores, so its cost is trace_credit's).
+
+Summary per point (``points`` in the JSON, keyed by label, e.g. ``K=3 w_turn=0.2 log_ratio``):
+``final_accuracy_mean``/``_std`` (unseen world, over seeds), the mean of every other final split
+``run_one`` reports (``<split>_accuracy_mean``), ``effective_ratio_mean``, ``reward_mean``,
+``total_generated_tokens_mean`` and ``delta_vs_center`` (final accuracy minus the default point's).
+
+    python benchmarks/credit_sweep.py --quick   # smoke world, smoke tiny model, 4 points x 1 seed x 3 steps
+    python benchmarks/credit_sweep.py           # benchmark setting: 10 points x 3 seeds x 200 steps
+
+Shards: ``--seed-list`` with ``--out`` runs some seeds; ``--merge A.json B.json`` combines shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from common import (
+    RESULTS,
+    add_config_args,
+    configure_torch,
+    describe_config,
+    machine,
+    mean,
+    resolve,
+    save_figure,
+    setting_overrides,
+    std,
+    write_json,
+)
+from sample_efficiency import BASE, QUICK, SLOWER, run_one
+
+PRESET = "trace_credit"
+CENTER = (3, 0.2, "log_ratio")
+"""The spec's defaults (K = 3, w_turn = 0.2, log-ratio values): every axis of the cross grid passes through it."""
+FORMS = ("log_ratio", "raw_diff", "remaining_gap")
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="Smoke world and smoke tiny model (--smoke --dev-model), 4 points, 1 seed x 3 steps.")
+    p.add_argument("--grid", choices=("cross", "full"), default="cross")
+    p.add_argument("--horizons", type=int, nargs="+", default=[1, 2, 3, 5], help="Window lengths K.")
+    p.add_argument("--w-turns", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.5, 1.0], help="Turn weights.")
+    p.add_argument("--forms", nargs="+", default=list(FORMS), choices=FORMS, help="Value forms (cross grid).")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seed-list", type=int, nargs="+", help="Run these seeds instead of 0..--seeds-1 (a shard).")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--final-eval", type=int, default=200, help="Questions per split in the final evaluation.")
+    p.add_argument("--merge", type=Path, nargs="+", metavar="SHARD.json", help="Combine shard files; trains nothing.")
+    p.add_argument("--out", type=Path, default=RESULTS / "credit_sweep.json")
+    add_config_args(p)
+    args = p.parse_args()
+    if args.quick:
+        args.smoke, args.dev_model = True, True
+        args.seeds, args.steps, args.final_eval = 1, 3, 16
+        args.horizons, args.w_turns, args.forms = [1, 3], [0.2, 1.0], ["log_ratio", "remaining_gap"]
+    args.seed_list = args.seed_list if args.seed_list is not None else list(range(args.seeds))
+    return args
+
+
+def label(horizon: int, w_turn: float, form: str) -> str:
+    return f"K={horizon} w_turn={w_turn:g} {form}"
+
+
+def grid(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The sweep's points, the centre first; each names the axes it lies on."""
+    k0, w0, f0 = CENTER
+    if args.grid == "full":
+        combos = [(k, w, f0) for k in args.horizons for w in args.w_turns]
+    else:
+        combos = [CENTER] + [(k, w0, f0) for k in args.horizons] + [(k0, w, f0) for w in args.w_turns]
+        combos += [(k0, w0, f) for f in args.forms]
+    points: dict[str, dict[str, Any]] = {}
+    for k, w, f in combos:
+        axes = [name for name, same in (("horizon", (w, f) == (w0, f0)), ("w_turn", (k, f) == (k0, f0)),
+                                        ("credit_value", (k, w) == (k0, w0))) if same]
+        points.setdefault(label(k, w, f), {"horizon": k, "w_turn": w, "credit_value": f, "axes": axes})
+    return [{"label": name, **point} for name, point in points.items()]
+
+
+def point_overrides(point: dict[str, Any]) -> list[str]:
+    return [f"algo.advantage.horizon={point['horizon']}", f"algo.advantage.w_turn={point['w_turn']}",
+            f"algo.advantage.credit_value={point['credit_value']}"]
+
+
+def summarise(points: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for point in points:
+        rs = runs.get(point["label"], [])
+        if not rs:
+            continue
+        finals = [r["final"]["unseen"] for r in rs]
+        summary = {**{k: point[k] for k in ("horizon", "w_turn", "credit_value", "axes")},
+                   "final_accuracy_mean": mean(finals), "final_accuracy_std": std(finals)}
+        for split in rs[0]["final"]:  # whatever splits run_one reports: numbers, or dicts (per hop count)
+            values = [r["final"].get(split) for r in rs]
+            if split == "unseen":
+                continue
+            if all(isinstance(v, dict) for v in values):
+                summary[f"{split}_mean"] = {k: mean([v.get(k) for v in values]) for k in values[0]}
+            elif all(isinstance(v, (int, float, type(None))) for v in values):
+                summary[f"{split}_accuracy_mean"] = mean(values)
+        summary.update({
+            "effective_ratio_mean": mean([e for r in rs for e in r["effective_ratio"]]),
+            "reward_mean": mean([x for r in rs for x in r["reward_mean"]]),
+            "total_generated_tokens_mean": mean([r["curve"][-1]["generated_tokens"] for r in rs]),
+            "seeds": len(rs),
+        })
+        out[point["label"]] = summary
+    center = out.get(label(*CENTER), {}).get("final_accuracy_mean")
+    for summary in out.values():
+        acc = summary["final_accuracy_mean"]
+        summary["delta_vs_center"] = acc - center if acc is not None and center is not None else None
+    return out
+
+
+def plot(points: dict[str, Any], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for ax, axis, title in zip(axes, ("horizon", "w_turn", "credit_value"),
+                               ("window K (w_turn 0.2)", "w_turn (K = 3)", "value form (K = 3, w_turn 0.2)")):
+        on = [(p[axis], p) for p in points.values() if axis in p["axes"]]
+        if axis != "credit_value":
+            on.sort(key=lambda item: item[0])
+        xs = [str(x) for x, _ in on]
+        ax.errorbar(xs, [p["final_accuracy_mean"] or 0.0 for _, p in on],
+                    yerr=[p["final_accuracy_std"] or 0.0 for _, p in on], marker="o", capsize=3)
+        ax.set(title=title, ylabel="final accuracy (unseen world)")
+        ax.grid(alpha=0.3)
+    return save_figure(fig, out)
+
+
+def merge_shards(paths: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    shards = [json.loads(p.read_text()) for p in paths]
+    def same(shard: dict[str, Any]) -> Any:
+        return ({k: v for k, v in shard["setting"].items() if k != "seeds"}, shard["grid"])
+
+    for path, shard in zip(paths[1:], shards[1:]):
+        if same(shard) != same(shards[0]):
+            raise SystemExit(f"{path}: its setting or grid differs from {paths[0]}'s")
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for shard in shards:
+        for name, rs in shard["runs"].items():
+            runs.setdefault(name, []).extend(rs)
+    runs = {name: sorted(rs, key=lambda r: r["seed"]) for name, rs in runs.items()}
+    seeds = max(len(rs) for rs in runs.values())
+    return runs, {**shards[0], "setting": {**shards[0]["setting"], "seeds": seeds},
+                  "seconds": sum(s["seconds"] for s in shards), "shards": [p.name for p in paths]}
+
+
+def sweep(args: argparse.Namespace, points: list[dict[str, Any]]) -> tuple[dict[str, list[dict[str, Any]]], dict]:
+    configure_torch(args.threads)
+    overrides = setting_overrides(args, BASE + (QUICK if args.quick else []), tail=SLOWER)
+    runs: dict[str, list[dict[str, Any]]] = {p["label"]: [] for p in points}
+    base: dict[int, float] = {}  # the initial model's accuracy per seed (shared by every point)
+    for seed in args.seed_list:  # seed-major: a partial sweep still covers every point
+        for point in points:
+            folder = args.work_dir / point["label"].replace(" ", "_").replace("=", "")
+            local = argparse.Namespace(**{**vars(args), "work_dir": folder})
+            print(f"-- {point['label']} seed {seed}", flush=True)
+            runs[point["label"]].append(run_one(PRESET, seed, overrides + point_overrides(point), local, base))
+    setting = {"preset": PRESET, "overrides": overrides, "smoke": args.smoke, "hard": args.hard,
+               **describe_config(resolve(PRESET, overrides, args.smoke)), "steps": args.steps,
+               "seeds": len(args.seed_list), "final_eval_questions": args.final_eval, "grid_kind": args.grid,
+               "held_out": "test split of an unseen world (data.eval_fact_seed)"}
+    return runs, setting
+
+
+def main() -> None:
+    args = _args()
+    clock = time.perf_counter()
+    if args.merge:
+        runs, shard = merge_shards(args.merge)
+        points, setting, quick, seconds = shard["grid"], shard["setting"], shard["quick"], shard["seconds"]
+        extra = {"shards": shard["shards"], **{k: shard[k] for k in ("machine", "python", "torch", "threads", "cpus")}}
+    else:
+        points = grid(args)
+        runs, setting = sweep(args, points)
+        quick, seconds, extra = args.quick, time.perf_counter() - clock, machine()
+    summary = summarise(points, runs)
+    result = {"points": summary, "center": label(*CENTER), "grid": points, "setting": setting, "runs": runs,
+              "quick": quick, "seconds": seconds, **extra}
+    write_json(args.out, result)
+    png = plot(summary, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {png} ({seconds:.0f} s)")
+    def num(x: float | None, fmt: str = ".3f") -> str:
+        return "-" if x is None else format(x, fmt)
+
+    for name, s in summary.items():
+        print(f"{name:>28}: final {num(s['final_accuracy_mean'])} +- {num(s['final_accuracy_std'])}  "
+              f"eff {num(s['effective_ratio_mean'])}  reward {num(s['reward_mean'])}  "
+              f"delta vs centre {num(s['delta_vs_center'], '+.3f')}")
+
+
+if __name__ == "__main__":
+    main()
