@@ -15,10 +15,17 @@ Summary per point (``points`` in the JSON, keyed by label, e.g. ``K=3 w_turn=0.2
 ``run_one`` reports (``<split>_accuracy_mean``), ``effective_ratio_mean``, ``reward_mean``,
 ``total_generated_tokens_mean`` and ``delta_vs_center`` (final accuracy minus the default point's).
 
-    python benchmarks/credit_sweep.py --quick   # smoke world, smoke tiny model, 4 points x 1 seed x 3 steps
+    python benchmarks/credit_sweep.py --quick   # smoke world, smoke tiny model, 4 points x 1 seed x 3 steps: ~2 min
     python benchmarks/credit_sweep.py           # benchmark setting: 10 points x 3 seeds x 200 steps
 
-Shards: ``--seed-list`` with ``--out`` runs some seeds; ``--merge A.json B.json`` combines shards.
+The full sweep is 30 trace_credit runs of sample_efficiency's length (with the December 2026
+benchmark setting, about 4-5 min of one core each: some 2-2.5 hours). Run it in shards, one per core
+(set PYTHONPATH to the checkout so the scripts import its tracerl):
+
+    B=benchmarks/credit_sweep.py
+    python $B --seed-list 0 1 --out /tmp/c01.json --work-dir /tmp/c01 &
+    python $B --seed-list 2 --out /tmp/c2.json --work-dir /tmp/c2
+    wait; python $B --merge /tmp/c01.json /tmp/c2.json   # -> benchmarks/results/credit_sweep.json
 """
 
 from __future__ import annotations

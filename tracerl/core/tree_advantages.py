@@ -21,11 +21,11 @@ from torch import Tensor
 from tracerl.core.advantages import (
     AdvantageBatch,
     AdvantageOptions,
+    _broadcast,
     _outcome,
     _rewards_valid,
     _spread,
     _tree_path,
-    _broadcast,
     group_outcome_advantage,
     register_estimator,
 )
