@@ -10,16 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracerl.agent.formats import (
-    OBSERVATION_MARK,
-    AgentFormat,
-    Qwen3MarkupFormat,
-    ReactFormat,
-    action_end,
-    tagged_ends_turn,
-    unwritten_mark,
-)
+from tracerl.agent.formats import AgentFormat, Qwen3MarkupFormat, ReactFormat
 from tracerl.agent.search_r1 import SearchR1Format
+from tracerl.agent.turn_end import OBSERVATION_MARK, action_end, tagged_ends_turn, unwritten_mark
 from tracerl.core.types import Action
 from tracerl.envs.tools import ToolSet
 

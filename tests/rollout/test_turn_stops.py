@@ -12,8 +12,9 @@ import pytest
 import torch
 from helpers_tiny import tiny_model
 
-from tracerl.agent.formats import OBSERVATION_MARK, ReactFormat, get_format
+from tracerl.agent.formats import ReactFormat, get_format
 from tracerl.agent.search_r1 import SearchR1Format
+from tracerl.agent.turn_end import OBSERVATION_MARK
 from tracerl.core.types import Task
 from tracerl.envs.base import EnvConfig, ToolEnvironment
 from tracerl.envs.data import Document

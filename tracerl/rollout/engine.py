@@ -15,10 +15,10 @@ with its task and environment snapshots, until :meth:`RolloutEngine.forget`, so 
 Seeds: every episode (a chain, or one continuation of a branch) has its own seed, derived from
 the call's seed, its tree id, the node it starts from and its branch index there (the count of
 continuations started from that node before it, in request order), and each turn's generate
-row is seeded with ``(episode seed, turn index)`` (``(episode seed, turn index, segment)`` for a
-turn that samples on after a stop that did not end it, see below). With a backend that honours per-row seeds
-(:class:`~tracerl.models.backend.HFPolicy` does) a trajectory therefore does not depend on the
-batch it ran in.
+row is seeded with ``(episode seed, turn index)`` (``(episode seed, turn index, segment)`` for
+a turn that samples on after a stop that did not end it, see below). With a backend that
+honours per-row seeds (:class:`~tracerl.models.backend.HFPolicy` does) a trajectory therefore
+does not depend on the batch it ran in.
 
 Scheduling vs data model: :meth:`RolloutEngine._run` advances the live episodes one turn per
 batched ``generate`` call (lockstep turns: one batched forward for the HF backend), but
@@ -294,8 +294,7 @@ class RolloutEngine:
                 top_p=cfg.top_p,
                 stop_strings=stops,
             )
-            seeds = [derive_seed(lv.seed, len(lv.turns), lv.segments) if lv.segments else derive_seed(lv.seed, len(lv.turns))
-                     for lv in lives]
+            seeds = [_turn_seed(lv) for lv in lives]
             prefixes = [lv.ids + (lv.partial.token_ids if lv.partial else []) for lv in lives]
             gens = self.backend.generate(prefixes, params, seeds)
             still = []
@@ -408,6 +407,14 @@ class RolloutEngine:
             else:
                 hi = mid - 1
         return best if best is not None else ids[:limit]
+
+
+def _turn_seed(live: _Live) -> int:
+    """Seed of the episode's next generate row: ``(seed, turn)``, plus the segment when the turn
+    samples on after a stop that did not end it (a fresh stream for the rest of the turn)."""
+    if live.segments:
+        return derive_seed(live.seed, len(live.turns), live.segments)
+    return derive_seed(live.seed, len(live.turns))
 
 
 def _call_seed(seed: int | None, generator: torch.Generator | None) -> int:
