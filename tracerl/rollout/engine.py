@@ -285,6 +285,7 @@ class RolloutEngine:
             gens = self.backend.generate([lv.ids for lv in lives], params, seeds)
             still = []
             for live, gen, budget in zip(lives, gens, budgets):
+                _keep_state(live, gen)
                 gen = self._fit(gen, budget)
                 generated += len(gen.token_ids)
                 if self._step(live, gen):
@@ -366,6 +367,14 @@ class RolloutEngine:
             else:
                 hi = mid - 1
         return best if best is not None else ids[:limit]
+
+
+def _keep_state(live: _Live, gen: Generation) -> None:
+    """Store the policy's hidden state at the node the turn started from (the success predictor's
+    ``hidden`` input), when the backend recorded one; a node keeps the first state it got."""
+    node = live.tree.nodes[live.node]
+    if gen.state is not None and node.hidden is None:
+        node.hidden = gen.state
 
 
 def _call_seed(seed: int | None, generator: torch.Generator | None) -> int:
