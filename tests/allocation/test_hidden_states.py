@@ -173,3 +173,36 @@ def test_deltas_serialise_states() -> None:
                       root_hidden=[0.25, 2.0])
     back = from_json(TreeDelta, to_json(delta))
     assert back.nodes[0].hidden == [0.5, -1.0] and back.root_hidden == [0.25, 2.0]
+
+
+def test_a_training_run_records_states_and_trains_the_hidden_predictor(tmp_path) -> None:
+    from tracerl.train.loop import Trainer
+
+    overrides = ["data.verifier=answered", "eval.every=0", "eval.size=2", "rollout.budget=8", "rollout.pool_size=2",
+                 "rollout.engine.max_turns=3", "steps=2", "predictor.features=both", "log.rollouts=false"]
+    trainer = Trainer(resolve_config("trace_alloc_lu", smoke=True, overrides=overrides), tmp_path)
+    try:
+        records = [trainer.step() for _ in range(2)]
+        assert trainer.backend.record_states  # type: ignore[attr-defined]
+        pred = trainer.predictor
+        assert pred is not None and pred.updates == 2
+        assert pred.state_dim == trainer.model.config.hidden_size
+        assert pred.in_dim == NUM_FEATURES + 1 + pred.state_dim
+        assert all(r["predictor_n_nodes"] > 0 for r in records)
+        assert records[1]["scheme_prompt_state_seconds"] >= 0  # stage 1 read the candidates' states
+    finally:
+        trainer.close()
+
+
+def test_both_starts_exactly_where_handcrafted_starts() -> None:
+    """The state head is zero-initialised and added to the same seeded feature MLP."""
+    trees = [_state_tree(random.Random(5), 0, i) for i in range(3)]
+    ids = [(t, n.id) for t in trees for n in t.nodes]
+    hand, both = SuccessPredictor(PredictorConfig(seed=7)), SuccessPredictor(PredictorConfig(seed=7, features="both"))
+    x_hand = hand.features([t for t, _ in ids], [i for _, i in ids])
+    x_both = both.features([t for t, _ in ids], [i for _, i in ids])
+    assert torch.equal(x_both[:, :NUM_FEATURES], x_hand) and x_both[:, NUM_FEATURES].sum() > 0
+    both._build()
+    assert hand.model is not None and both.model is not None
+    with torch.no_grad():
+        assert torch.equal(both.model(x_both), hand.model(x_hand))

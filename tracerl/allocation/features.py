@@ -180,13 +180,19 @@ def node_state(tree: RolloutTree, node_id: int) -> list[float] | None:
 
 
 def state_features(state: list[float] | None, dim: int) -> list[float]:
-    """``[present, h_1..h_dim]``: a flag and the state (zeros when absent), as plain floats."""
+    """``[present, h_1..h_dim] / sqrt(dim)``: a flag and the scaled state (zeros when absent).
+
+    Why the scale: a final-norm output has entries of order 1, so its norm grows as ``sqrt(dim)``
+    (about 21 for the 128-wide tiny model) and would swamp the 13 O(1) features at initialisation;
+    scaled, it starts on an equal footing and the predictor must earn every state direction it uses.
+    """
     if state is None:
         return [0.0] * (dim + 1)
     if len(state) != dim:
         raise ValueError(f"a node's hidden state has {len(state)} entries, the predictor was built for {dim} "
                          "(states from another policy model?)")
-    return [1.0, *(float(x) for x in state)]
+    scale = 1.0 / math.sqrt(dim)
+    return [1.0, *(float(x) * scale for x in state)]
 
 
 def success_leaves_below(tree: RolloutTree) -> tuple[list[int], list[int]]:

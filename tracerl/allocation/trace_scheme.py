@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -89,12 +90,16 @@ class TraceScheme:
             raise ValueError("trace: the prompt pool is empty")
         session = as_session(target, generator, seed, self.score if callable(self.score) else None)
         learned = self._learned_roots
+        clock = time.perf_counter()
         states = session.prompt_states(cands) if learned and self._needs_states else None
+        state_seconds = time.perf_counter() - clock  # the one extra forward: the candidates' prefill
         values, counts = self.plan_stage1(session.prompt_ids(cands) if learned else [], cands, budget, states)
         chosen = [i for i, c in enumerate(counts) if c > 0]
         trees, cost = session.start([cands[i] for i in chosen], [counts[i] for i in chosen], _tree_ids(chosen, cands))
         self._score(session, trees)
         info = {"stage1_prompts": float(len(chosen)), "stage1_rollouts": float(cost.rollouts)}
+        if states is not None:
+            info["prompt_state_seconds"] = state_seconds
         info["anchors"], info["stage2_rollouts"] = 0.0, 0.0
         since = [0] * len(trees)  # round 0 branches from every stage-1 boundary
         for rnd in range(cfg.trace_rounds):
@@ -232,9 +237,9 @@ def uniform_prefixes(anchors: int, spend: int, cap: int, rng: random.Random) -> 
     :func:`allocate_prefixes` spends), one at a time round-robin over a uniformly random order of
     the anchors, so counts differ by at most one and which anchors get the extra ones is random.
 
-    Why round-robin rather than independent draws: the learned allocator's first continuation of
-    every anchor outranks any second one (gain ``1 - q`` vs ``q (1 - q)``), so it too spreads
-    first; the ablation then changes only *which* anchors are chosen, not how concentrated.
+    Why round-robin rather than independent draws: per anchor the first continuation is worth more
+    than the second (gain ``1 - q`` vs ``q (1 - q)``), so the learned allocator also tends to spread
+    before it stacks; round-robin keeps that shape and changes only *which* anchors are chosen.
     """
     order = rng.sample(range(anchors), anchors)
     counts = [0] * anchors

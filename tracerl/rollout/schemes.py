@@ -418,6 +418,7 @@ def get_scheme(
 
     ``score``: trace asks the executor for readiness after each stage (``True``), and a bare
     engine passed to ``collect`` is wrapped with this scorer when it is a callable
-    (``ReferenceScorer.score``). ``trace`` without a predictor is the uniform+uniform ablation.
+    (``ReferenceScorer.score``). ``trace`` without a predictor spreads both stages evenly in pool
+    and anchor order; the allocation 2x2 ablation arms are ``trace_roots`` / ``trace_prefixes``.
     """
     return SCHEMES.get(name)(config if config is not None else SchemeConfig(), predictor, score)
