@@ -118,6 +118,9 @@ def _args() -> argparse.Namespace:
                         "policy's last-token hidden state at the node)")
     p.add_argument("--ablation", action="store_true",
                    help="also run the uniform arms of the allocation 2x2 (trace_uu, trace_ul, trace_lu)")
+    p.add_argument("--offline-prompts", type=int, default=0,
+                   help="also measure each predictor input's held-out AUC on chain rollouts of this many "
+                        "training prompts (see offline_auc; 0: off)")
     p.add_argument("--max-hops", type=int, default=None, help="questions of at most this many hops (default: the world's)")
     p.add_argument("--search-top-k", type=int, default=3, help="search results per call")
     p.add_argument("--tasks", type=int, default=64, help="training prompts cycled through")
@@ -284,6 +287,39 @@ def summarise(runs: list[dict], args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def offline_auc(args: argparse.Namespace, engine: RolloutEngine, train: list[Task], test: list[Task]) -> dict:
+    """Held-out AUC per predictor input on more data than a quick run's few successes.
+
+    Chain rollouts (groups of ``--group-size``) of ``--offline-prompts`` distinct training prompts
+    feed each predictor in steps of ``--pool`` prompts, as the trainer does; after every update
+    the predictor ranks all nodes (and the anchors) of chain rollouts on ``--heldout`` test prompts.
+    Every input sees the same trees, so the comparison is paired.
+    """
+    g = torch.Generator().manual_seed(12345)
+    prompts = [train[i] for i in torch.randperm(len(train), generator=g)[: args.offline_prompts].tolist()]
+    held = test[: args.heldout]
+    held_trees = engine.rollout(held, [args.group_size] * len(held), generator=g)[0]
+    steps = []
+    for start in range(0, len(prompts), args.pool):
+        part = prompts[start : start + args.pool]
+        steps.append(engine.rollout(part, [args.group_size] * len(part), generator=g)[0])
+        engine.forget(steps[-1])
+    engine.forget(held_trees)
+    leaves = [t.reward for tree in held_trees for t in tree.trajectories.values() if not t.infra_failed]
+    out: dict[str, Any] = {"heldout_leaves": len(leaves), "heldout_successes": sum(r > 0.5 for r in leaves),
+                           "train_successes": sum(t.reward > 0.5 for s in steps for tree in s
+                                                  for t in tree.trajectories.values())}
+    for feats in args.predictor_features:
+        pred = SuccessPredictor(PredictorConfig(features=feats))
+        rows = []
+        for trees in steps:
+            pred.update(trees)
+            rows.append((heldout_auc(pred, held_trees, False), heldout_auc(pred, held_trees, True)))
+        out[feats] = {"heldout_auc": [_finite(a) for a, _ in rows], "heldout_auc_anchors": [_finite(b) for _, b in rows]}
+        print(f"offline {feats}: heldout_auc {[round(a, 3) for a, _ in rows]}", flush=True)
+    return out
+
+
 def main() -> None:
     args = _args()
     torch.set_num_threads(args.threads)
@@ -293,20 +329,31 @@ def main() -> None:
     policy.record_states = any(f != "handcrafted" for f in args.predictor_features)
     world_cfg = _world_config(path, args.fact_seed, args.max_hops)
     engine, train, test = _engine(policy, world_cfg, args.search_top_k)
+    offline = offline_auc(args, engine, train, test) if args.offline_prompts else None
     runs: list[dict] = []
+    result = _write(args, path, world_cfg, runs, offline, t0)  # --seeds 0: the offline AUCs alone
     for seed in range(args.seeds):  # the JSON is rewritten after every seed: a killed run keeps its data
         runs.append(run_seed(seed, args, engine, train, test))
-        result = {
-            "setup": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "seeds_done": len(runs),
-            "model": path,
-            "world": asdict(world_cfg),
-            **summarise(runs, args),
-            "seconds": round(time.perf_counter() - t0, 1),
-        }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("ratio_vs_chain", "predictor_per_step", "seconds")}, indent=2))
+        result = _write(args, path, world_cfg, runs, offline, t0)
+    print(json.dumps({k: result.get(k) for k in ("ratio_vs_chain", "predictor_per_step", "offline_predictor",
+                                                  "seconds")}, indent=2))
+
+
+def _write(args: argparse.Namespace, path: str, world_cfg: WorldConfig, runs: list[dict], offline: dict | None,
+           t0: float) -> dict[str, Any]:
+    result = {
+        "setup": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "seeds_done": len(runs),
+        "model": path,
+        "world": asdict(world_cfg),
+        **(summarise(runs, args) if runs else {}),
+        **({"offline_predictor": offline} if offline is not None else {}),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
 
 if __name__ == "__main__":
     main()

@@ -3,6 +3,7 @@ nodes through the executor, and fed to the predictor beside (or instead of) the 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 import random
@@ -206,3 +207,31 @@ def test_both_starts_exactly_where_handcrafted_starts() -> None:
     assert hand.model is not None and both.model is not None
     with torch.no_grad():
         assert torch.equal(both.model(x_both), hand.model(x_hand))
+
+
+def test_the_state_head_is_centred_so_a_common_offset_changes_nothing() -> None:
+    """Centred on the replay buffer's mean, the head cannot fit the base rate through the mean
+    state: shifting every state by the same vector leaves training and predictions unchanged."""
+    def shifted(trees: list[RolloutTree], offset: float) -> list[RolloutTree]:
+        out = copy.deepcopy(trees)
+        for tree in out:
+            for node in tree.nodes:
+                if node.hidden is not None:
+                    node.hidden = [x + offset for x in node.hidden]
+        return out
+
+    rng = random.Random(6)
+    steps = [[_state_tree(rng, s, i) for i in range(4)] for s in range(3)]
+    probe = [_state_tree(rng, 9, i) for i in range(3)]
+    ids = [(t, n.id) for t in probe for n in t.nodes]
+    preds = []
+    for offset in (0.0, 5.0):
+        pred = SuccessPredictor(PredictorConfig(features="hidden", seed=3))
+        for trees in steps:
+            pred.update(shifted(trees, offset))
+        moved = shifted(probe, offset)
+        by_id = {t.tree_id: t for t in moved}
+        preds.append(pred.predict_nodes([by_id[t.tree_id] for t, _ in ids], [i for _, i in ids]))
+        assert pred.model is not None
+        assert torch.allclose(pred.model.center, pred._buf_x.mean(0))  # type: ignore[union-attr]  # all state
+    assert preds[0] == pytest.approx(preds[1], abs=1e-4)

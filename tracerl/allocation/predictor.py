@@ -36,9 +36,9 @@ from tracerl.allocation.features import (
     state_features,
     success_leaves_below,
 )
+from tracerl.allocation.predictor_net import StateHead, build_model
 from tracerl.core.types import RolloutTree
 
-FeatureSet = Literal["handcrafted", "hidden", "both"]
 FEATURE_SETS: tuple[str, ...] = ("handcrafted", "hidden", "both")
 
 
@@ -68,8 +68,8 @@ class PredictorConfig:
     """Predictor input: ``handcrafted`` (the 13 history features), ``hidden`` (the policy's
     last-layer hidden state at the node's last token, recorded by the generation forward that
     already runs, scaled by ``1/sqrt(H)``, plus a presence flag) or ``both``; the state enters
-    through a linear head added to the features' MLP (see ``_StateHead``). ``hidden``/``both``
-    need the HF backend (vLLM does not return hidden states)."""
+    through a centred linear head added to the features' MLP (``predictor_net.StateHead``).
+    ``hidden``/``both`` need the HF backend (vLLM does not return hidden states)."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -100,43 +100,6 @@ class PredictorConfig:
     @property
     def uses_hidden(self) -> bool:
         return self.features in ("hidden", "both")
-
-
-class _StateHead(nn.Module):
-    """``logit = net(features) + w . [present, state]``: the handcrafted-feature MLP (none for
-    ``features = hidden``) plus a zero-initialised linear head on the scaled state.
-
-    Why additive and linear: the state adds learned directions without entering the MLP's 16
-    units, so 128+ state inputs cannot swamp the 13 features on the few hundred nodes a step gives,
-    and ``both`` starts exactly where ``handcrafted`` starts (same seed, head at zero).
-    """
-
-    def __init__(self, net: nn.Module | None, n_features: int, n_state: int) -> None:
-        super().__init__()
-        self.net = net
-        self.n_features = n_features
-        self.head = nn.Linear(n_state, 1)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = self.head(x[:, self.n_features :])
-        return out if self.net is None else out + self.net(x[:, : self.n_features])
-
-
-def _build_model(config: PredictorConfig, state_dim: int | None) -> nn.Module:
-    """The handcrafted MLP (or logistic regression) and, with a state, :class:`_StateHead` around it."""
-    n_features = NUM_FEATURES if config.uses_handcrafted else 0
-    net: nn.Module | None = None
-    with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's RNG
-        torch.manual_seed(config.seed)
-        if n_features and config.hidden == 0:
-            net = nn.Linear(n_features, 1)
-        elif n_features:
-            net = nn.Sequential(nn.Linear(n_features, config.hidden), nn.Tanh(), nn.Linear(config.hidden, 1))
-        model = net if not config.uses_hidden else _StateHead(net, n_features, (state_dim or 0) + 1)
-    assert model is not None
-    return model.float()
 
 
 @contextmanager
@@ -201,7 +164,7 @@ class SuccessPredictor:
     def _build(self) -> None:
         """The model and its optimizer, once the input width is known (at once for handcrafted)."""
         assert self.in_dim is not None
-        self.model = _build_model(self.config, self.state_dim)
+        self.model = build_model(self.config, self.state_dim)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr)
 
     # ----------------------------------------------------------------- prediction
@@ -359,6 +322,8 @@ class SuccessPredictor:
     def _train(self) -> float:
         assert self.model is not None and self.optimizer is not None
         n = self._buf_y.numel()
+        if isinstance(self.model, StateHead):
+            self.model.recenter(self._buf_x)
         self.model.train()
         for _ in range(self.config.steps_per_update):
             idx = None if n <= self.config.batch_size else torch.randint(
