@@ -23,11 +23,17 @@ predictor update; ``anchors`` restricts to the boundaries stage 2 ranks.
 
 Usage: ``python benchmarks/allocation_effective_ratio.py [--quick] [--seeds 5]``; writes
 ``benchmarks/results/allocation_effective_ratio.json``. ``--max-hops 2 --search-top-k 2`` gives
-the training benchmarks' (and the demo's) setting. The hidden-state comparison:
-``--quick --heldout 48 --trace-min-per-prompt 0 --predictor-features handcrafted hidden both
---out benchmarks/results/allocation_effective_ratio_hidden_quick.json``. ``--ablation`` adds the
-allocation 2x2's uniform arms with their own predictors (``trace_uu``: random anchors, unlike
-``trace_uniform``; ``trace_ul``; ``trace_lu``), ``trace`` being learned + learned.
+the training benchmarks' (and the demo's) setting. ``--ablation`` adds the allocation 2x2's
+uniform arms with their own predictors (``trace_uu``: random anchors, unlike ``trace_uniform``;
+``trace_ul``; ``trace_lu``), ``trace`` being learned + learned. ``--offline-prompts N`` (with
+``--seeds 0``: alone) measures each predictor input's held-out AUC on more data (:func:`offline_auc`).
+
+The hidden-state results in ``benchmarks/results/`` (``F = --predictor-features handcrafted hidden both``):
+``--quick --heldout 48 --trace-min-per-prompt 0 F`` -> ``allocation_effective_ratio_hidden_quick.json``;
+the same with ``--max-hops 2 --search-top-k 2 --ablation`` -> ``..._hidden_quick_1to2hops.json``;
+``--seeds 0 --pool 8 --offline-prompts 128 --heldout 48 --max-hops 2 --search-top-k 2 F`` ->
+``..._hidden_offline_1to2hops.json``; ``--seeds 0 --pool 8 --offline-prompts 256 --heldout 96 F`` ->
+``..._hidden_offline.json``.
 """
 
 from __future__ import annotations
@@ -169,13 +175,14 @@ def _engine(policy: HFPolicy, world_cfg: WorldConfig, top_k: int) -> tuple[Rollo
     return RolloutEngine(policy, env, get_format("react"), exact_match, cfg), world.train, world.test
 
 
-def heldout_auc(pred: SuccessPredictor, trees: list[RolloutTree], anchors_only: bool) -> float:
-    """AUC of the predictor's node values against the outcomes of the leaves below each node."""
+def heldout_auc(pred: SuccessPredictor, trees: list[RolloutTree], which: str = "all") -> float:
+    """AUC of the predictor's node values against the outcomes of the leaves below each node, over
+    ``all`` nodes, the ``anchors`` stage 2 ranks, or the ``roots`` (stage 1: unseen prompts)."""
     picked, ids, wins, losses = [], [], [], []
     for tree in trees:
         tree.backup()
         w, f = success_leaves_below(tree)
-        nodes = expandable_nodes(tree) if anchors_only else [n.id for n in tree.nodes]
+        nodes = {"all": [n.id for n in tree.nodes], "anchors": expandable_nodes(tree), "roots": [0]}[which]
         for nid in nodes:
             if w[nid] + f[nid]:
                 picked.append(tree)
@@ -229,8 +236,8 @@ def run_seed(seed: int, args: argparse.Namespace, engine: RolloutEngine, train: 
                 fresh = preds[name].update(res.trees)
                 out["predictor"][name].append({k: _finite(v) for k, v in {
                     "fresh_auc": fresh["auc"], "fresh_brier": fresh["brier"],
-                    "heldout_auc": heldout_auc(preds[name], heldout[name], False),
-                    "heldout_auc_anchors": heldout_auc(preds[name], heldout[name], True),
+                    "heldout_auc": heldout_auc(preds[name], heldout[name], "all"),
+                    "heldout_auc_anchors": heldout_auc(preds[name], heldout[name], "anchors"),
                 }.items()})
             engine.forget(res.trees)
             out[name].append(row)
@@ -292,8 +299,8 @@ def offline_auc(args: argparse.Namespace, engine: RolloutEngine, train: list[Tas
 
     Chain rollouts (groups of ``--group-size``) of ``--offline-prompts`` distinct training prompts
     feed each predictor in steps of ``--pool`` prompts, as the trainer does; after every update
-    the predictor ranks all nodes (and the anchors) of chain rollouts on ``--heldout`` test prompts.
-    Every input sees the same trees, so the comparison is paired.
+    the predictor ranks all nodes, the anchors and the roots (stage 1's unseen prompts) of chain
+    rollouts on ``--heldout`` test prompts. Every input sees the same trees: a paired comparison.
     """
     g = torch.Generator().manual_seed(12345)
     prompts = [train[i] for i in torch.randperm(len(train), generator=g)[: args.offline_prompts].tolist()]
@@ -314,9 +321,10 @@ def offline_auc(args: argparse.Namespace, engine: RolloutEngine, train: list[Tas
         rows = []
         for trees in steps:
             pred.update(trees)
-            rows.append((heldout_auc(pred, held_trees, False), heldout_auc(pred, held_trees, True)))
-        out[feats] = {"heldout_auc": [_finite(a) for a, _ in rows], "heldout_auc_anchors": [_finite(b) for _, b in rows]}
-        print(f"offline {feats}: heldout_auc {[round(a, 3) for a, _ in rows]}", flush=True)
+            rows.append({key: _finite(heldout_auc(pred, held_trees, which)) for key, which in (
+                ("heldout_auc", "all"), ("heldout_auc_anchors", "anchors"), ("heldout_auc_roots", "roots"))})
+        out[feats] = {key: [row[key] for row in rows] for key in rows[0]}
+        print(f"offline {feats}: " + " ".join(f"{k}={v[-1]}" for k, v in out[feats].items()), flush=True)
     return out
 
 
