@@ -10,18 +10,30 @@ Setup: one SynthWiki world the tiny model never saw (its own world sizes and nam
 questions are cycled as the prompt pool (``--tasks`` of them, so prompts recur across steps as
 in multi-epoch training), ``--pool`` prompts offered per step, ``--budget`` continuation
 rollouts per step. Every scheme sees the same pools and the same seed.
-Schemes: chain, dapo, tree_random, ``trace_uniform`` (trace without a predictor: the paper's
-uniform+uniform ablation), ``trace`` (predictor on history features) and ``trace_ready`` (the
+Schemes: chain, dapo, tree_random, ``trace_uniform`` (trace without a predictor: both stages
+spread evenly in pool and anchor order), ``trace`` (predictor on history features) and ``trace_ready`` (the
 same plus the frozen reference's readiness l_k/V_k, as when TRACE credit is on), each once with
 the scheme's default floor (a selected prompt gets at least ``group_size`` rollouts) and once
-with the spec's floor of 2 (``_min2``: more, smaller groups). Each trace
+with the spec's floor of 2 (``_min2``: more, smaller groups), and once per
+``--predictor-features`` input (``handcrafted``: no tag; ``_hidden``/``_both``: the policy's
+hidden state at the node, alone or beside the 13 features). Each trace
 variant trains its own predictor online on its own trees after each step (as in training).
 Held-out AUC: chain rollouts on test-split questions (never trained on), scored after each
 predictor update; ``anchors`` restricts to the boundaries stage 2 ranks.
 
 Usage: ``python benchmarks/allocation_effective_ratio.py [--quick] [--seeds 5]``; writes
 ``benchmarks/results/allocation_effective_ratio.json``. ``--max-hops 2 --search-top-k 2`` gives
-the training benchmarks' (and the demo's) setting.
+the training benchmarks' (and the demo's) setting. ``--ablation`` adds the allocation 2x2's
+uniform arms with their own predictors (``trace_uu``: random anchors, unlike ``trace_uniform``;
+``trace_ul``; ``trace_lu``), ``trace`` being learned + learned. ``--offline-prompts N`` (with
+``--seeds 0``: alone) measures each predictor input's held-out AUC on more data (:func:`offline_auc`).
+
+The hidden-state results in ``benchmarks/results/`` (``F = --predictor-features handcrafted hidden both``):
+``--quick --heldout 48 --trace-min-per-prompt 0 F`` -> ``allocation_effective_ratio_hidden_quick.json``;
+the same with ``--max-hops 2 --search-top-k 2 --ablation`` -> ``..._hidden_quick_1to2hops.json``;
+``--seeds 0 --pool 8 --offline-prompts 128 --heldout 48 --max-hops 2 --search-top-k 2 F`` ->
+``..._hidden_offline_1to2hops.json``; ``--seeds 0 --pool 8 --offline-prompts 256 --heldout 96 F`` ->
+``..._hidden_offline.json``.
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ import copy
 import json
 import statistics
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +51,7 @@ import torch
 
 from tracerl.agent.formats import get_format
 from tracerl.allocation.features import success_leaves_below
-from tracerl.allocation.predictor import SuccessPredictor, weighted_auc
+from tracerl.allocation.predictor import PredictorConfig, SuccessPredictor, weighted_auc
 from tracerl.core.types import RolloutTree, Task
 from tracerl.envs.base import EnvConfig, ToolEnvironment
 from tracerl.envs.search import SearchIndex, search_tools
@@ -59,13 +71,40 @@ def scheme_names(args: argparse.Namespace) -> list[str]:
     return list(BASELINES) + predicted_names(args)
 
 
-def predicted_names(args: argparse.Namespace) -> list[str]:
-    """The trace variants with their own online predictor (``trace_ready*`` also gets readiness)."""
-    out = []
+@dataclass(frozen=True)
+class Variant:
+    """A trace variant with its own online predictor."""
+
+    floor: int
+    """``trace_min_per_prompt`` (0: unset, i.e. group_size)."""
+    features: str
+    """``PredictorConfig.features``."""
+    ready: bool
+    """Also score readiness (the reference's l_k/V_k as predictor features)."""
+    roots: str = "learned"
+    prefixes: str = "learned"
+
+
+def predicted_variants(args: argparse.Namespace) -> dict[str, Variant]:
+    """The trace variants with their own online predictor, by name: ``trace_ready*`` also gets the
+    reference's readiness; with ``--ablation``, ``trace_uu/ul/lu`` are the uniform arms of the
+    allocation 2x2 (roots x prefixes) with the first floor and the first predictor input."""
+    out = {}
     for m in args.trace_min_per_prompt:
-        tag = f"_min{m}" if m else ""
-        out += [f"trace{tag}", f"trace_ready{tag}"]
+        for feats in args.predictor_features:
+            tag = ("" if feats == "handcrafted" else f"_{feats}") + (f"_min{m}" if m else "")
+            out[f"trace{tag}"] = Variant(m, feats, False)
+            if feats != "hidden":  # readiness is a handcrafted feature: a hidden-only predictor ignores it
+                out[f"trace_ready{tag}"] = Variant(m, feats, True)
+    if args.ablation:
+        m, feats = args.trace_min_per_prompt[0], args.predictor_features[0]
+        for roots, prefixes in (("uniform", "uniform"), ("uniform", "learned"), ("learned", "uniform")):
+            out[f"trace_{roots[0]}{prefixes[0]}"] = Variant(m, feats, False, roots, prefixes)
     return out
+
+
+def predicted_names(args: argparse.Namespace) -> list[str]:
+    return list(predicted_variants(args))
 
 
 def _args() -> argparse.Namespace:
@@ -79,6 +118,15 @@ def _args() -> argparse.Namespace:
     p.add_argument("--trace-min-per-prompt", type=int, nargs="+", default=[0, 2],
                    help="SchemeConfig.trace_min_per_prompt values to run trace with (0: unset, i.e. group_size; "
                         "the spec's floor is 2)")
+    p.add_argument("--predictor-features", nargs="+", default=["handcrafted"],
+                   choices=["handcrafted", "hidden", "both"],
+                   help="PredictorConfig.features values to run the trace variants with (hidden: the "
+                        "policy's last-token hidden state at the node)")
+    p.add_argument("--ablation", action="store_true",
+                   help="also run the uniform arms of the allocation 2x2 (trace_uu, trace_ul, trace_lu)")
+    p.add_argument("--offline-prompts", type=int, default=0,
+                   help="also measure each predictor input's held-out AUC on chain rollouts of this many "
+                        "training prompts (see offline_auc; 0: off)")
     p.add_argument("--max-hops", type=int, default=None, help="questions of at most this many hops (default: the world's)")
     p.add_argument("--search-top-k", type=int, default=3, help="search results per call")
     p.add_argument("--tasks", type=int, default=64, help="training prompts cycled through")
@@ -127,13 +175,14 @@ def _engine(policy: HFPolicy, world_cfg: WorldConfig, top_k: int) -> tuple[Rollo
     return RolloutEngine(policy, env, get_format("react"), exact_match, cfg), world.train, world.test
 
 
-def heldout_auc(pred: SuccessPredictor, trees: list[RolloutTree], anchors_only: bool) -> float:
-    """AUC of the predictor's node values against the outcomes of the leaves below each node."""
+def heldout_auc(pred: SuccessPredictor, trees: list[RolloutTree], which: str = "all") -> float:
+    """AUC of the predictor's node values against the outcomes of the leaves below each node, over
+    ``all`` nodes, the ``anchors`` stage 2 ranks, or the ``roots`` (stage 1: unseen prompts)."""
     picked, ids, wins, losses = [], [], [], []
     for tree in trees:
         tree.backup()
         w, f = success_leaves_below(tree)
-        nodes = expandable_nodes(tree) if anchors_only else [n.id for n in tree.nodes]
+        nodes = {"all": [n.id for n in tree.nodes], "anchors": expandable_nodes(tree), "roots": [0]}[which]
         for nid in nodes:
             if w[nid] + f[nid]:
                 picked.append(tree)
@@ -149,9 +198,10 @@ def _scheme(name: str, args: argparse.Namespace, preds: dict[str, SuccessPredict
         return get_scheme("trace", cfg)
     if name not in preds:
         return get_scheme(name, cfg)
-    mins = {n: args.trace_min_per_prompt[i // 2] for i, n in enumerate(predicted_names(args))}
-    cfg = SchemeConfig(group_size=args.group_size, trace_min_per_prompt=mins[name] or None)
-    score = scorer.score if name.startswith("trace_ready") else None
+    v = predicted_variants(args)[name]
+    cfg = SchemeConfig(group_size=args.group_size, trace_min_per_prompt=v.floor or None, trace_roots=v.roots,
+                       trace_prefixes=v.prefixes)
+    score = scorer.score if v.ready else None
     return get_scheme("trace", cfg, predictor=preds[name], score=score)
 
 
@@ -168,11 +218,11 @@ def run_seed(seed: int, args: argparse.Namespace, engine: RolloutEngine, train: 
     plain = engine.rollout(held, [4] * len(held), generator=g)[0]
     scored = copy.deepcopy(plain)
     _score_all(scored, {t.id: t for t in held}, scorer)
-    names, predicted = scheme_names(args), predicted_names(args)
-    heldout = {name: scored if name.startswith("trace_ready") else plain for name in predicted}
-    preds = {name: SuccessPredictor() for name in predicted}
+    names, variants = scheme_names(args), predicted_variants(args)
+    heldout = {name: scored if v.ready else plain for name, v in variants.items()}
+    preds = {name: SuccessPredictor(PredictorConfig(features=v.features)) for name, v in variants.items()}
     out: dict[str, Any] = {name: [] for name in names}
-    out["predictor"] = {name: [] for name in predicted}
+    out["predictor"] = {name: [] for name in variants}
     for step in range(args.steps):
         start = (step * args.pool) % len(tasks)
         pool = (tasks + tasks)[start : start + args.pool]
@@ -186,13 +236,14 @@ def run_seed(seed: int, args: argparse.Namespace, engine: RolloutEngine, train: 
                 fresh = preds[name].update(res.trees)
                 out["predictor"][name].append({k: _finite(v) for k, v in {
                     "fresh_auc": fresh["auc"], "fresh_brier": fresh["brier"],
-                    "heldout_auc": heldout_auc(preds[name], heldout[name], False),
-                    "heldout_auc_anchors": heldout_auc(preds[name], heldout[name], True),
+                    "heldout_auc": heldout_auc(preds[name], heldout[name], "all"),
+                    "heldout_auc_anchors": heldout_auc(preds[name], heldout[name], "anchors"),
                 }.items()})
             engine.forget(res.trees)
             out[name].append(row)
         print(f"seed {seed} step {step}: " + " ".join(f"{n}={out[n][-1]['effective_ratio']:.2f}" for n in names)
-              + f" heldout_auc={out['predictor']['trace'][-1]['heldout_auc']}", flush=True)
+              + " heldout_auc " + " ".join(f"{n}={out['predictor'][n][-1]['heldout_auc']}" for n in variants),
+              flush=True)
     return out
 
 
@@ -224,6 +275,7 @@ def summarise(runs: list[dict], args: argparse.Namespace) -> dict[str, Any]:
             "rollouts_per_step": _mean([r["rollouts"] for r in rows]),
             "generated_tokens_per_step": _mean([r["generated_tokens"] for r in rows]),
             "seconds_per_step": _mean([r["seconds"] for r in rows]),
+            "prompt_state_seconds_per_step": _mean([r.get("prompt_state_seconds") for r in rows]),
         }
     chain = schemes["chain"]["effective_ratio"]
     ratios = {n: round(s["effective_ratio"] / chain, 3) if chain and s["effective_ratio"] is not None else None
@@ -242,27 +294,74 @@ def summarise(runs: list[dict], args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def offline_auc(args: argparse.Namespace, engine: RolloutEngine, train: list[Task], test: list[Task]) -> dict:
+    """Held-out AUC per predictor input on more data than a quick run's few successes.
+
+    Chain rollouts (groups of ``--group-size``) of ``--offline-prompts`` distinct training prompts
+    feed each predictor in steps of ``--pool`` prompts, as the trainer does; after every update
+    the predictor ranks all nodes, the anchors and the roots (stage 1's unseen prompts) of chain
+    rollouts on ``--heldout`` test prompts. Every input sees the same trees: a paired comparison.
+    """
+    g = torch.Generator().manual_seed(12345)
+    prompts = [train[i] for i in torch.randperm(len(train), generator=g)[: args.offline_prompts].tolist()]
+    held = test[: args.heldout]
+    held_trees = engine.rollout(held, [args.group_size] * len(held), generator=g)[0]
+    steps = []
+    for start in range(0, len(prompts), args.pool):
+        part = prompts[start : start + args.pool]
+        steps.append(engine.rollout(part, [args.group_size] * len(part), generator=g)[0])
+        engine.forget(steps[-1])
+    engine.forget(held_trees)
+    leaves = [t.reward for tree in held_trees for t in tree.trajectories.values() if not t.infra_failed]
+    out: dict[str, Any] = {"heldout_leaves": len(leaves), "heldout_successes": sum(r > 0.5 for r in leaves),
+                           "train_successes": sum(t.reward > 0.5 for s in steps for tree in s
+                                                  for t in tree.trajectories.values())}
+    for feats in args.predictor_features:
+        pred = SuccessPredictor(PredictorConfig(features=feats))
+        rows = []
+        for trees in steps:
+            pred.update(trees)
+            rows.append({key: _finite(heldout_auc(pred, held_trees, which)) for key, which in (
+                ("heldout_auc", "all"), ("heldout_auc_anchors", "anchors"), ("heldout_auc_roots", "roots"))})
+        out[feats] = {key: [row[key] for row in rows] for key in rows[0]}
+        print(f"offline {feats}: " + " ".join(f"{k}={v[-1]}" for k, v in out[feats].items()), flush=True)
+    return out
+
+
 def main() -> None:
     args = _args()
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     policy, path = _policy(args)
+    # Hidden states are read off the prefill forward that runs anyway; recording them changes no sample.
+    policy.record_states = any(f != "handcrafted" for f in args.predictor_features)
     world_cfg = _world_config(path, args.fact_seed, args.max_hops)
     engine, train, test = _engine(policy, world_cfg, args.search_top_k)
+    offline = offline_auc(args, engine, train, test) if args.offline_prompts else None
     runs: list[dict] = []
+    result = _write(args, path, world_cfg, runs, offline, t0)  # --seeds 0: the offline AUCs alone
     for seed in range(args.seeds):  # the JSON is rewritten after every seed: a killed run keeps its data
         runs.append(run_seed(seed, args, engine, train, test))
-        result = {
-            "setup": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "seeds_done": len(runs),
-            "model": path,
-            "world": asdict(world_cfg),
-            **summarise(runs, args),
-            "seconds": round(time.perf_counter() - t0, 1),
-        }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("ratio_vs_chain", "predictor_per_step", "seconds")}, indent=2))
+        result = _write(args, path, world_cfg, runs, offline, t0)
+    print(json.dumps({k: result.get(k) for k in ("ratio_vs_chain", "predictor_per_step", "offline_predictor",
+                                                  "seconds")}, indent=2))
+
+
+def _write(args: argparse.Namespace, path: str, world_cfg: WorldConfig, runs: list[dict], offline: dict | None,
+           t0: float) -> dict[str, Any]:
+    result = {
+        "setup": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "seeds_done": len(runs),
+        "model": path,
+        "world": asdict(world_cfg),
+        **(summarise(runs, args) if runs else {}),
+        **({"offline_predictor": offline} if offline is not None else {}),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
 
 if __name__ == "__main__":
     main()

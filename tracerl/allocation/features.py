@@ -6,6 +6,8 @@ features describe *how the episode is going*, never *which task it is*: the prom
 count, whether the last action failed, distinct observations seen, the prompt's running success
 rate when it has been seen before (a flag says whether it has), and the frozen reference's
 readiness ``l_k`` and value ``V_k`` when TRACE credit computed them (a flag says whether present).
+Optionally (``PredictorConfig.features``) the policy's own hidden state at the node, recorded by
+the backend during the generation forward (:func:`node_state`), replaces or joins them.
 
 Every feature is a plain Python float computed from the tree's stored turns, so nothing here can
 carry a gradient back to the policy.
@@ -159,6 +161,38 @@ def node_features(
         ready[0] / READINESS_SCALE if ready is not None else 0.0,
         ready[1] if ready is not None else 0.0,
     ]
+
+
+def node_state(tree: RolloutTree, node_id: int) -> list[float] | None:
+    """The policy's recorded hidden state at ``node_id``, or at its nearest ancestor that has one.
+
+    Every node a turn started from holds the state at its prefix's last token (see
+    ``Node.hidden``); a leaf does not (no turn starts there), so it takes its parent's: the state
+    its final turn was sampled from. None when no node on the path was recorded.
+    """
+    current: int | None = node_id
+    while current is not None:
+        node = tree.nodes[current]
+        if node.hidden is not None:
+            return node.hidden
+        current = node.parent
+    return None
+
+
+def state_features(state: list[float] | None, dim: int) -> list[float]:
+    """``[present, h_1..h_dim] / sqrt(dim)``: a flag and the scaled state (zeros when absent).
+
+    Why the scale: a final-norm output has entries of order 1, so its norm grows as ``sqrt(dim)``
+    (about 21 for the 128-wide tiny model) and would swamp the 13 O(1) features at initialisation;
+    scaled, it starts on an equal footing and the predictor must earn every state direction it uses.
+    """
+    if state is None:
+        return [0.0] * (dim + 1)
+    if len(state) != dim:
+        raise ValueError(f"a node's hidden state has {len(state)} entries, the predictor was built for {dim} "
+                         "(states from another policy model?)")
+    scale = 1.0 / math.sqrt(dim)
+    return [1.0, *(float(x) * scale for x in state)]
 
 
 def success_leaves_below(tree: RolloutTree) -> tuple[list[int], list[int]]:

@@ -1,8 +1,8 @@
 """The shared success predictor ``Vpsi(H)`` of TRACE allocation (spec section 3).
 
 It estimates the probability that a prefix history ends in success, from the task-agnostic
-features of :mod:`tracerl.allocation.features`, with a small float32 torch model that owns its
-own optimizer. After every training step :meth:`SuccessPredictor.update` first scores the step's
+features of :mod:`tracerl.allocation.features` and/or (``PredictorConfig.features``) the policy's
+own hidden state at the node, with a small float32 torch model that owns its own optimizer. After every training step :meth:`SuccessPredictor.update` first scores the step's
 fresh nodes (Brier score and AUC, the calibration the allocator relies on), then trains online
 with visit-weighted binary cross-entropy against the backed-up targets ``Vhat`` of those nodes
 plus a bounded replay buffer of older ones.
@@ -31,10 +31,15 @@ from tracerl.allocation.features import (
     NUM_FEATURES,
     PromptStats,
     node_features,
+    node_state,
     path_stats,
+    state_features,
     success_leaves_below,
 )
+from tracerl.allocation.predictor_net import StateHead, build_model
 from tracerl.core.types import RolloutTree
+
+FEATURE_SETS: tuple[str, ...] = ("handcrafted", "hidden", "both")
 
 
 @dataclass
@@ -59,6 +64,12 @@ class PredictorConfig:
     """``eps`` of the remaining gap used to turn readiness ``l_k`` into ``V_k`` (spec section 2)."""
     seed: int = 0
     """Seeds the model's initial weights and the replay sampling."""
+    features: str = "handcrafted"
+    """Predictor input: ``handcrafted`` (the 13 history features), ``hidden`` (the policy's
+    last-layer hidden state at the node's last token, recorded by the generation forward that
+    already runs, scaled by ``1/sqrt(H)``, plus a presence flag) or ``both``; the state enters
+    through a centred linear head added to the features' MLP (``predictor_net.StateHead``).
+    ``hidden``/``both`` need the HF backend (vLLM does not return hidden states)."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -76,18 +87,19 @@ class PredictorConfig:
             raise ValueError(f"PredictorConfig.lr must be a finite number > 0, got {self.lr!r}")
         if self.train_nodes not in ("all", "boundaries"):
             raise ValueError(f"PredictorConfig.train_nodes must be 'all' or 'boundaries', got {self.train_nodes!r}")
+        if self.features not in FEATURE_SETS:
+            raise ValueError(f"PredictorConfig.features must be one of {', '.join(FEATURE_SETS)}, got {self.features!r}")
         if not (isinstance(self.readiness_eps, (int, float)) and self.readiness_eps > 0):
             raise ValueError(f"PredictorConfig.readiness_eps must be > 0, got {self.readiness_eps!r}")
 
 
-def _build_model(config: PredictorConfig) -> nn.Module:
-    with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's RNG
-        torch.manual_seed(config.seed)
-        if config.hidden == 0:
-            model: nn.Module = nn.Linear(NUM_FEATURES, 1)
-        else:
-            model = nn.Sequential(nn.Linear(NUM_FEATURES, config.hidden), nn.Tanh(), nn.Linear(config.hidden, 1))
-    return model.float()
+    @property
+    def uses_handcrafted(self) -> bool:
+        return self.features in ("handcrafted", "both")
+
+    @property
+    def uses_hidden(self) -> bool:
+        return self.features in ("hidden", "both")
 
 
 @contextmanager
@@ -126,16 +138,34 @@ class SuccessPredictor:
 
     def __init__(self, config: PredictorConfig | None = None) -> None:
         self.config = config if config is not None else PredictorConfig()
-        self.model = _build_model(self.config)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr)
+        self.state_dim: int | None = None
+        """Size of the policy's hidden state (``features`` hidden/both), known once a state is seen."""
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        if not self.config.uses_hidden:
+            self._build()
         self._generator = torch.Generator().manual_seed(self.config.seed)
         self._prompts: OrderedDict[str, PromptStats] = OrderedDict()
-        self._buf_x = torch.zeros(0, NUM_FEATURES, dtype=torch.float32)
+        self._buf_x = torch.zeros(0, self.in_dim or 0, dtype=torch.float32)
         self._buf_y = torch.zeros(0, dtype=torch.float32)
         self._buf_w = torch.zeros(0, dtype=torch.float32)
         self._reward_sum = 0.0
         self._reward_count = 0
         self.updates = 0
+
+    @property
+    def in_dim(self) -> int | None:
+        """Input width: 13 handcrafted features and/or ``1 + state_dim``; None until the state size is known."""
+        cfg = self.config
+        if cfg.uses_hidden and self.state_dim is None:
+            return None
+        return NUM_FEATURES * cfg.uses_handcrafted + ((self.state_dim or 0) + 1) * cfg.uses_hidden
+
+    def _build(self) -> None:
+        """The model and its optimizer, once the input width is known (at once for handcrafted)."""
+        assert self.in_dim is not None
+        self.model = build_model(self.config, self.state_dim)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr)
 
     # ----------------------------------------------------------------- prediction
     @property
@@ -151,41 +181,66 @@ class SuccessPredictor:
         return self._prompts.get(task_id)
 
     def features(self, trees: Sequence[RolloutTree], node_ids: Sequence[int]) -> Tensor:
-        """``[N, F]`` float32 features of ``(trees[i], node_ids[i])`` (plain data, no grad)."""
+        """``[N, in_dim]`` float32 inputs of ``(trees[i], node_ids[i])`` (plain data, no grad):
+        the handcrafted features and/or ``[present, state]`` (:func:`state_features`)."""
         if len(trees) != len(node_ids):
             raise ValueError(f"trees ({len(trees)}) and node_ids ({len(node_ids)}) must have equal length")
-        cache: dict[int, list[Any]] = {}
-        rows = []
         for tree, nid in zip(trees, node_ids):
             if not 0 <= nid < len(tree.nodes):
                 raise ValueError(f"tree {tree.tree_id!r} has no node {nid} ({len(tree.nodes)} nodes)")
-            stats = cache.setdefault(id(tree), path_stats(tree))
-            rows.append(
-                node_features(tree, nid, stats, self._prompts.get(tree.task_id), self.config.readiness_eps)
-            )
-        return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), NUM_FEATURES)
+        cfg = self.config
+        rows: list[list[float]] = [[] for _ in node_ids]
+        if cfg.uses_handcrafted:
+            cache: dict[int, list[Any]] = {}
+            for row, tree, nid in zip(rows, trees, node_ids):
+                stats = cache.setdefault(id(tree), path_stats(tree))
+                row += node_features(tree, nid, stats, self._prompts.get(tree.task_id), cfg.readiness_eps)
+        if cfg.uses_hidden:
+            states = [node_state(tree, nid) for tree, nid in zip(trees, node_ids)]
+            if self.state_dim is None:
+                self.state_dim = next((len(s) for s in states if s is not None), None)
+            if self.state_dim is None:
+                raise ValueError(
+                    f"predictor.features = {cfg.features!r} needs the policy's hidden states, but none of "
+                    f"these {len(states)} nodes has one (they are recorded by the HF backend with "
+                    "HFPolicy.record_states = True; vLLM does not return hidden states)")
+            for row, state in zip(rows, states):
+                row += state_features(state, self.state_dim)
+        return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), self.in_dim or 0)
 
     def _predict_features(self, x: Tensor) -> list[float]:
         if not self.is_trained:
             return [self.prior] * x.shape[0]
+        assert self.model is not None
         with torch.no_grad(), _one_thread():
             return torch.sigmoid(self.model(x).squeeze(-1)).tolist()
 
     def predict_nodes(self, trees: Sequence[RolloutTree], node_ids: Sequence[int]) -> list[float]:
         """P(success) of each ``(trees[i], node_ids[i])`` prefix, as plain floats in (0, 1)."""
+        if not self.is_trained and self.in_dim is None and len(trees) == len(node_ids):
+            return [self.prior] * len(node_ids)  # cold, state size not yet known: no input needed
         return self._predict_features(self.features(trees, node_ids))
 
-    def predict_roots(self, task_ids: Sequence[str], prompt_ids: Sequence[Sequence[int]]) -> list[float]:
+    def predict_roots(
+        self,
+        task_ids: Sequence[str],
+        prompt_ids: Sequence[Sequence[int]],
+        states: Sequence[list[float] | None] | None = None,
+    ) -> list[float]:
         """P(success) of prompts ``H_0`` (stage 1), before any rollout of them exists.
 
-        ``prompt_ids`` are the rendered prompts' token ids, exactly as a tree's root holds them.
+        ``prompt_ids`` are the rendered prompts' token ids, exactly as a tree's root holds them;
+        ``states`` the policy's hidden state at each prompt's last token (``features`` hidden/both).
         """
-        if len(task_ids) != len(prompt_ids):
-            raise ValueError(f"task_ids ({len(task_ids)}) and prompt_ids ({len(prompt_ids)}) must have equal length")
+        if len(task_ids) != len(prompt_ids) or (states is not None and len(states) != len(task_ids)):
+            raise ValueError(f"task_ids ({len(task_ids)}), prompt_ids ({len(prompt_ids)}) and states "
+                             f"({'-' if states is None else len(states)}) must have equal length")
         trees = [
             RolloutTree(tree_id=f"root:{i}", task_id=t, prompt_ids=list(ids))
             for i, (t, ids) in enumerate(zip(task_ids, prompt_ids))
         ]
+        for tree, state in zip(trees, states if states is not None else [None] * len(trees)):
+            tree.root.hidden = list(state) if state is not None else None
         return self.predict_nodes(trees, [0] * len(trees))
 
     # ----------------------------------------------------------------- training
@@ -235,6 +290,8 @@ class SuccessPredictor:
             metrics["brier"] = float(((preds - y) ** 2 * w).sum() / w.sum())
             metrics["auc"] = weighted_auc(preds.tolist(), wins, losses)
             self._append(x, y, w)
+            if self.model is None:
+                self._build()
             with _one_thread():
                 metrics["loss"] = self._train()
             self.updates += 1
@@ -247,11 +304,14 @@ class SuccessPredictor:
 
     def _append(self, x: Tensor, y: Tensor, w: Tensor) -> None:
         keep = self.config.buffer_size
+        if self._buf_x.shape[1] != x.shape[1]:  # first rows of a predictor whose width was unknown
+            self._buf_x = x.new_zeros((0, x.shape[1]))
         self._buf_x = torch.cat([self._buf_x, x])[-keep:]
         self._buf_y = torch.cat([self._buf_y, y])[-keep:]
         self._buf_w = torch.cat([self._buf_w, w])[-keep:]
 
     def _loss(self, idx: Tensor | None) -> Tensor:
+        assert self.model is not None
         x, y, w = (self._buf_x, self._buf_y, self._buf_w) if idx is None else (
             self._buf_x[idx], self._buf_y[idx], self._buf_w[idx]
         )
@@ -260,7 +320,10 @@ class SuccessPredictor:
         return (bce * w).sum() / w.sum()
 
     def _train(self) -> float:
+        assert self.model is not None and self.optimizer is not None
         n = self._buf_y.numel()
+        if isinstance(self.model, StateHead):
+            self.model.recenter(self._buf_x)
         self.model.train()
         for _ in range(self.config.steps_per_update):
             idx = None if n <= self.config.batch_size else torch.randint(
@@ -298,8 +361,9 @@ class SuccessPredictor:
         return copy.deepcopy(
             {
                 "config": asdict(self.config),
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
+                "state_dim": self.state_dim,
+                "model": self.model.state_dict() if self.model is not None else None,
+                "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
                 "generator": self._generator.get_state(),
                 "buffer": {"x": self._buf_x, "y": self._buf_y, "w": self._buf_w},
                 "prompts": [(k, v.successes, v.count) for k, v in self._prompts.items()],
@@ -312,16 +376,23 @@ class SuccessPredictor:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; the model shape must match this config."""
         saved = PredictorConfig(**state["config"])
-        if (saved.hidden, saved.buffer_size) != (self.config.hidden, self.config.buffer_size):
+        mine = (self.config.hidden, self.config.buffer_size, self.config.features)
+        if (saved.hidden, saved.buffer_size, saved.features) != mine:
             raise ValueError(
-                f"predictor state was saved with hidden={saved.hidden}, buffer_size={saved.buffer_size}; "
-                f"this predictor has hidden={self.config.hidden}, buffer_size={self.config.buffer_size}"
+                f"predictor state was saved with hidden={saved.hidden}, buffer_size={saved.buffer_size}, "
+                f"features={saved.features!r}; this predictor has hidden={mine[0]}, buffer_size={mine[1]}, "
+                f"features={mine[2]!r}"
             )
+        self.state_dim = state.get("state_dim")
         x = state["buffer"]["x"]
-        if x.dim() != 2 or x.shape[1] != NUM_FEATURES:
-            raise ValueError(f"predictor buffer has shape {tuple(x.shape)}, expected [N, {NUM_FEATURES}]")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        width = self.in_dim if self.in_dim is not None else 0
+        if x.dim() != 2 or (x.shape[0] and x.shape[1] != width):
+            raise ValueError(f"predictor buffer has shape {tuple(x.shape)}, expected [N, {width}]")
+        if state["model"] is not None:
+            self._build()
+            assert self.model is not None and self.optimizer is not None
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self._generator.set_state(state["generator"])
         self._buf_x = x.clone().float()
         self._buf_y = state["buffer"]["y"].clone().float()

@@ -7,6 +7,8 @@ success predictor. It lives with the predictor it plans from; the optimisation i
 from __future__ import annotations
 
 import math
+import random
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -14,6 +16,7 @@ import torch
 
 from tracerl.core.allocation import allocate_prefixes, allocate_roots, root_value
 from tracerl.core.types import RolloutTree, Task
+from tracerl.models.sampling import derive_seed
 from tracerl.rollout.executor import ScoreFn
 from tracerl.rollout.schemes import (
     SchemeConfig,
@@ -51,8 +54,17 @@ class TraceScheme:
     the scores stay on the trajectories (and tree nodes) for TRACE credit to reuse, and the
     trainer's own score call finds them scored.
 
-    :meth:`plan_stage1` and :meth:`plan_stage2` are pure functions of the snapshot and the
-    predictor: the same snapshot gives the same plan.
+    Allocation 2x2 ablation (``trace_roots`` / ``trace_prefixes``): a ``uniform`` arm ignores the
+    predictor in its stage. Uniform roots are the fallback above (and a round-robin top-up);
+    uniform prefixes spend the same stage-2 budget, with the same cap, on anchors in a random
+    order drawn from the step's seed (:func:`uniform_prefixes`). Budget accounting is unchanged.
+
+    With ``PredictorConfig.features`` hidden/both and learned roots, a trained predictor values
+    the candidate prompts from the policy's hidden state at their last token: one prefill of the
+    candidates (``session.prompt_states``) whose KV the stage-1 rollouts then reuse.
+
+    :meth:`plan_stage1` and :meth:`plan_stage2` are pure functions of the snapshot, the predictor
+    and the seed: the same snapshot gives the same plan.
     """
 
     name = "trace"
@@ -77,16 +89,22 @@ class TraceScheme:
         if not cands:
             raise ValueError("trace: the prompt pool is empty")
         session = as_session(target, generator, seed, self.score if callable(self.score) else None)
-        values, counts = self.plan_stage1(session.prompt_ids(cands) if self.predictor else [], cands, budget)
+        learned = self._learned_roots
+        clock = time.perf_counter()
+        states = session.prompt_states(cands) if learned and self._needs_states else None
+        state_seconds = time.perf_counter() - clock  # the one extra forward: the candidates' prefill
+        values, counts = self.plan_stage1(session.prompt_ids(cands) if learned else [], cands, budget, states)
         chosen = [i for i, c in enumerate(counts) if c > 0]
         trees, cost = session.start([cands[i] for i in chosen], [counts[i] for i in chosen], _tree_ids(chosen, cands))
         self._score(session, trees)
         info = {"stage1_prompts": float(len(chosen)), "stage1_rollouts": float(cost.rollouts)}
+        if states is not None:
+            info["prompt_state_seconds"] = state_seconds
         info["anchors"], info["stage2_rollouts"] = 0.0, 0.0
         since = [0] * len(trees)  # round 0 branches from every stage-1 boundary
         for rnd in range(cfg.trace_rounds):
             spend = (budget - cost.rollouts) // (cfg.trace_rounds - rnd)
-            requests, anchors = self.plan_stage2(trees, since, spend)
+            requests, anchors = self.plan_stage2(trees, since, spend, derive_seed(session.seed, "trace_prefixes", rnd))
             since = [len(t.nodes) for t in trees]
             if not requests:
                 continue
@@ -101,23 +119,40 @@ class TraceScheme:
         info["root_topup"] = float(left)
         return _result(trees, cost, len(cands), session.expansions, **info)
 
+    @property
+    def _learned_roots(self) -> bool:
+        return self.predictor is not None and self.config.trace_roots == "learned"
+
+    @property
+    def _needs_states(self) -> bool:
+        """A trained predictor that reads hidden states (a cold one predicts its prior anyway)."""
+        pred = self.predictor
+        return pred is not None and pred.config.uses_hidden and pred.is_trained
+
     def plan_stage1(
-        self, prompt_ids: Sequence[Sequence[int]], cands: Sequence[Task], budget: int
+        self, prompt_ids: Sequence[Sequence[int]], cands: Sequence[Task], budget: int,
+        states: Sequence[list[float] | None] | None = None,
     ) -> tuple[list[float], list[int]]:
-        """Root values and stage-1 rollout counts per candidate (``prompt_ids`` unused without a predictor)."""
-        values = self._root_values(prompt_ids, cands)
+        """Root values and stage-1 rollout counts per candidate (``prompt_ids`` and ``states``, the
+        prompts' hidden states, are unused without a predictor or with uniform roots)."""
+        values = self._root_values(prompt_ids, cands, states)
         return values, self._root_counts(values, self._stage1_budget(budget, len(cands)))
 
     def plan_stage2(
-        self, trees: Sequence[RolloutTree], since: Sequence[int], spend: int
+        self, trees: Sequence[RolloutTree], since: Sequence[int], spend: int, seed: int = 0
     ) -> tuple[list[tuple[str, int, int]], int]:
         """``(tree_id, node_id, k)`` requests spending ``spend`` on the boundaries created at or
-        after node ``since[i]`` of tree ``i``, and the number of anchors considered."""
+        after node ``since[i]`` of tree ``i``, and the number of anchors considered. ``seed``
+        orders the anchors of uniform prefixes (``trace_prefixes = uniform``); learned ignores it."""
         anchors = self._anchors(trees, since)
         if not anchors or spend <= 0:
             return [], 0
-        probs = self._node_values([trees[t] for t, _, _ in anchors], [nid for _, nid, _ in anchors])
-        ks = allocate_prefixes(probs, [r for _, _, r in anchors], spend, max_per_anchor=self.config.trace_max_per_anchor)
+        cap = self.config.trace_max_per_anchor
+        if self.config.trace_prefixes == "uniform":
+            ks = uniform_prefixes(len(anchors), spend, cap, random.Random(seed))
+        else:
+            probs = self._node_values([trees[t] for t, _, _ in anchors], [nid for _, nid, _ in anchors])
+            ks = allocate_prefixes(probs, [r for _, _, r in anchors], spend, max_per_anchor=cap)
         plan = {(t, nid): k for (t, nid, _), k in zip(anchors, ks) if k > 0}
         return plan_requests(plan, trees), len(anchors)
 
@@ -133,10 +168,12 @@ class TraceScheme:
             stage1 = min(stage1, candidates * cfg.trace_max_per_prompt)
         return stage1
 
-    def _root_values(self, prompt_ids: Sequence[Sequence[int]], cands: Sequence[Task]) -> list[float]:
-        if self.predictor is None:
-            return [0.5] * len(cands)
-        return self.predictor.predict_roots([t.id for t in cands], [list(p) for p in prompt_ids])
+    def _root_values(
+        self, prompt_ids: Sequence[Sequence[int]], cands: Sequence[Task], states: Sequence[list[float] | None] | None
+    ) -> list[float]:
+        if self.predictor is None or not self._learned_roots:
+            return [0.5] * len(cands)  # constant values: uniform stage 1 and round-robin top-up
+        return self.predictor.predict_roots([t.id for t in cands], [list(p) for p in prompt_ids], states)
 
     def _node_values(self, trees: Sequence[RolloutTree], node_ids: Sequence[int]) -> list[float]:
         if self.predictor is None:
@@ -193,6 +230,22 @@ class TraceScheme:
         """Readiness is the executor's "score new nodes" call, made through the session."""
         if self.score:
             session.score(trees)
+
+
+def uniform_prefixes(anchors: int, spend: int, cap: int, rng: random.Random) -> list[int]:
+    """Continuations per anchor for uniform prefixes: ``min(spend, anchors * cap)`` in total (as
+    :func:`allocate_prefixes` spends), one at a time round-robin over a uniformly random order of
+    the anchors, so counts differ by at most one and which anchors get the extra ones is random.
+
+    Why round-robin rather than independent draws: per anchor the first continuation is worth more
+    than the second (gain ``1 - q`` vs ``q (1 - q)``), so the learned allocator also tends to spread
+    before it stacks; round-robin keeps that shape and changes only *which* anchors are chosen.
+    """
+    order = rng.sample(range(anchors), anchors)
+    counts = [0] * anchors
+    for i in range(min(spend, anchors * cap)):
+        counts[order[i % anchors]] += 1
+    return counts
 
 
 def _root_topup(trees: Sequence[RolloutTree], values: Sequence[float], left: int) -> dict[tuple[int, int], int]:

@@ -171,6 +171,9 @@ class Node:
     readiness: float | None = None
     """Reference readiness ``l`` of this prefix for the tree's gold answer, once scored (a boundary
     node's score is shared by every leaf below it; see ``ReferenceScorer.score``)."""
+    hidden: list[float] | None = None
+    """The policy's last-layer hidden state [H] at this prefix's last token, when the backend
+    recorded it (the success predictor's ``hidden`` input); set on every node a turn started from."""
 
     @property
     def is_leaf(self) -> bool:

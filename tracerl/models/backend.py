@@ -19,12 +19,15 @@ Conventions (shared with pretraining and the trainer):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
 from tracerl.agent.formats import encode_prompt  # noqa: F401 - re-exported (its home moved to the formats)
+from tracerl.models.heads import split_head
 from tracerl.models.sampling import same_device, sample_next, sample_next_seeded  # noqa: F401 - re-exported
 from tracerl.models.prefix_cache import (
     KVEntry,
@@ -71,6 +74,9 @@ class Generation:
     logprobs: list[float]
     text: str
     finish_reason: FinishReason
+    state: list[float] | None = None
+    """The policy's last-layer hidden state [H] at the prefix's last token (the state the turn was
+    sampled from), when the backend records states (:attr:`HFPolicy.record_states`); else None."""
 
 
 @runtime_checkable
@@ -117,6 +123,29 @@ class _StopChecker:
         return any(s in tail for s in self.stop_strings)
 
 
+@contextmanager
+def _last_state_hook(model: Any) -> Iterator[list[torch.Tensor]]:
+    """Collect the decoder's last hidden state at the last position [B, H] of the forwards run
+    inside (a forward hook on the decoder, whose output is the final norm's: no extra forward,
+    and only the last column is kept). ``model`` None, or a model without a separable decoder:
+    nothing is collected."""
+    grabbed: list[torch.Tensor] = []
+    split = split_head(model) if model is not None else None
+    if split is None:
+        yield grabbed
+        return
+
+    def hook(module: Any, args: Any, output: Any) -> None:
+        hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+        grabbed.append(hidden[:, -1, :].detach())
+
+    handle = split[0].register_forward_hook(hook)
+    try:
+        yield grabbed
+    finally:
+        handle.remove()
+
+
 class HFPolicy:
     """A Hugging Face causal LM as a :class:`PolicyBackend`.
 
@@ -146,6 +175,9 @@ class HFPolicy:
         self.version = 0
         """Weights version of the last :meth:`sync_weights` (the trainer's optimiser step)."""
         self.stats: dict[str, int] = {"prefill_tokens": 0, "reused_prefix_tokens": 0, "generated_tokens": 0}
+        self.record_states = False
+        """Return each prefix's last-token hidden state in ``Generation.state`` (the success
+        predictor's ``hidden`` input); read off the prefill forward that runs anyway."""
 
     @classmethod
     def from_pretrained(
@@ -228,7 +260,7 @@ class HFPolicy:
         was_training = self.model.training
         self.model.eval()  # sampling must not see dropout even when the trainer left train mode on
         try:
-            logits, cache, mask = self._prefill(seqs, hits)
+            logits, cache, mask, states = self._prefill(seqs, hits)
             index = torch.tensor(row_to_unique, device=logits.device)
             if len(unique) < len(prefixes):
                 cache.batch_select_indices(index)  # repeat the shared prefix rows
@@ -237,15 +269,47 @@ class HFPolicy:
             gens = self._decode(logits[index], cache, mask[index], rows, params, generator, row_seeds)
         finally:
             self.model.train(was_training)
+        if states is not None:
+            for gen, u in zip(gens, row_to_unique):
+                gen.state = states[u]
         self.stats["generated_tokens"] += sum(len(g.token_ids) for g in gens)
         return gens
+
+    @torch.no_grad()
+    def prefix_states(self, prefixes: list[list[int]]) -> list[list[float]] | None:
+        """Last-token hidden states [H] of ``prefixes`` (None when the model has no separable decoder).
+
+        One prefill forward; its KV goes to the prefix store, so a later ``generate`` from the same
+        prefix (stage 1 after the planner valued its candidate prompts) reuses it and recomputes
+        only the last token.
+        """
+        if not prefixes or split_head(self.model) is None:
+            return None
+        unique = list(dict.fromkeys(tuple(p) for p in prefixes))
+        seqs = [list(p) for p in unique]
+        hits = [self.store.lookup(p) if self.store is not None else (None, 0) for p in seqs]
+        self.stats["prefill_tokens"] += sum(len(p) - k for p, (_, k) in zip(seqs, hits))
+        was_training, recording = self.model.training, self.record_states
+        self.model.eval()
+        self.record_states = True
+        try:
+            _, cache, mask, states = self._prefill(seqs, hits)
+            self._remember(cache, mask, [(u, u) for u in range(len(seqs))],
+                           [(seqs[u], hits[u][0]) for u in range(len(seqs))], [[] for _ in seqs])
+        finally:
+            self.model.train(was_training)
+            self.record_states = recording
+        assert states is not None
+        where = {p: u for u, p in enumerate(unique)}
+        return [states[where[tuple(p)]] for p in prefixes]
 
     # --- prefill ---------------------------------------------------------------------------
 
     def _prefill(
         self, seqs: list[list[int]], hits: list[tuple[KVEntry | None, int]]
-    ) -> tuple[torch.Tensor, Any, torch.Tensor]:
-        """Prefill the uncached suffixes; returns last logits [U, V], cache and mask [U, W].
+    ) -> tuple[torch.Tensor, Any, torch.Tensor, list[list[float]] | None]:
+        """Prefill the uncached suffixes; returns last logits [U, V], cache, mask [U, W] and, when
+        recording states, each row's last-token hidden state [H] (else None).
 
         Rows are bucketed by suffix length (within a factor 2) so one long new prompt does not
         pad every short observation suffix to its length; buckets are merged by left padding.
@@ -261,25 +325,29 @@ class HFPolicy:
         flat = [i for b in buckets for i in b]
         position = {row: slot for slot, row in enumerate(flat)}
         inverse = torch.tensor([position[row] for row in range(len(flat))], device=parts[0][0].device)
+        states = None
+        if all(st is not None for *_, st in parts):  # one device-to-host copy for all rows
+            states = torch.cat([st for *_, st in parts])[inverse].float().cpu().tolist()  # type: ignore[misc]
         if len(parts) == 1:
-            logits, cache, mask = parts[0]
+            logits, cache, mask, _ = parts[0]
             if flat != sorted(flat):
                 cache.batch_select_indices(inverse)
-            return logits[inverse], cache, mask[inverse]
-        width = max(m.shape[1] for _, _, m in parts)
+            return logits[inverse], cache, mask[inverse], states
+        width = max(m.shape[1] for _, _, m, _ in parts)
         merged = new_cache(self.model)
         for layer in range(len(parts[0][1].layers)):
-            keys = [left_pad(c.layers[layer].keys, width, dim=2) for _, c, _ in parts]
-            values = [left_pad(c.layers[layer].values, width, dim=2) for _, c, _ in parts]
+            keys = [left_pad(c.layers[layer].keys, width, dim=2) for _, c, _, _ in parts]
+            values = [left_pad(c.layers[layer].values, width, dim=2) for _, c, _, _ in parts]
             merged.update(torch.cat(keys)[inverse], torch.cat(values)[inverse], layer)
-        mask = torch.cat([left_pad(m, width, dim=1) for _, _, m in parts])[inverse]
-        logits = torch.cat([lg for lg, _, _ in parts])[inverse]
-        return logits, merged, mask
+        mask = torch.cat([left_pad(m, width, dim=1) for _, _, m, _ in parts])[inverse]
+        logits = torch.cat([lg for lg, _, _, _ in parts])[inverse]
+        return logits, merged, mask, states
 
     def _prefill_bucket(
         self, seqs: list[list[int]], hits: list[tuple[KVEntry | None, int]]
-    ) -> tuple[torch.Tensor, Any, torch.Tensor]:
-        """Row layout: [pad][stored KV c_r][pad][suffix s_r], suffixes right-aligned."""
+    ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor | None]:
+        """Row layout: [pad][stored KV c_r][pad][suffix s_r], suffixes right-aligned (so column -1
+        is every row's last token, whose hidden state is the row's state when recording)."""
         device = self.device
         rows = len(seqs)
         cached = max(k for _, k in hits)
@@ -306,10 +374,11 @@ class HFPolicy:
         ids_t = torch.tensor(ids, dtype=torch.long, device=device)
         mask_t = torch.tensor(mask, dtype=torch.long, device=device)
         positions_t = torch.tensor(positions, dtype=torch.long, device=device)
-        out = forward_with_cache(
-            self.model, ids_t, cache, attention_mask=mask_t, position_ids=positions_t, logits_to_keep=1
-        )
-        return out.logits[:, -1, :], output_cache(out), mask_t
+        with _last_state_hook(self.model if self.record_states else None) as state:
+            out = forward_with_cache(
+                self.model, ids_t, cache, attention_mask=mask_t, position_ids=positions_t, logits_to_keep=1
+            )
+        return out.logits[:, -1, :], output_cache(out), mask_t, state[0] if state else None
 
     # --- decode ----------------------------------------------------------------------------
 

@@ -299,6 +299,7 @@ class RolloutEngine:
             gens = self.backend.generate(prefixes, params, seeds)
             still = []
             for live, gen, budget in zip(lives, gens, budgets):
+                _keep_state(live, gen)
                 gen = self._fit(gen, budget)
                 generated += len(gen.token_ids)
                 turn = self._join(live, gen)
@@ -415,6 +416,14 @@ def _turn_seed(live: _Live) -> int:
     if live.segments:
         return derive_seed(live.seed, len(live.turns), live.segments)
     return derive_seed(live.seed, len(live.turns))
+
+
+def _keep_state(live: _Live, gen: Generation) -> None:
+    """Store the policy's hidden state at the node the turn started from (the success predictor's
+    ``hidden`` input), when the backend recorded one; a node keeps the first state it got."""
+    node = live.tree.nodes[live.node]
+    if gen.state is not None and node.hidden is None:
+        node.hidden = gen.state
 
 
 def _call_seed(seed: int | None, generator: torch.Generator | None) -> int:

@@ -11,6 +11,8 @@ Calls (trees are addressed by ``tree_id``):
 
 - ``start([StartRequest])``: new trees, ``n`` chains each -> :class:`RolloutResult` of deltas;
 - ``expand([ExpandRequest])``: ``k`` continuations from a node -> deltas;
+- ``prompt_states(tasks)``: the policy's hidden state at each prompt's last token, or None
+  per prompt when the backend cannot record states (the predictor's ``hidden`` input at stage 1);
 - ``score(tree_ids)``: the reference readiness of every new node/trajectory -> :class:`ScoreResult`;
 - ``sync_weights(weights, version)``: the backend takes the trainer's new weights;
 - ``forget(tree_ids)``: drop the trees (they can no longer be expanded).
@@ -63,6 +65,8 @@ class NodeRecord:
 
     parent: int
     turn: dict[str, Any]
+    hidden: list[float] | None = None
+    """The node's recorded policy state (``Node.hidden``), if any."""
 
 
 @dataclass
@@ -76,6 +80,8 @@ class TreeDelta:
     trajectories: list[dict[str, Any]] = field(default_factory=list)
     """``Trajectory`` dicts of the new leaves (each names its leaf in ``node_path[-1]``)."""
     prompt_ids: list[int] | None = None
+    root_hidden: list[float] | None = None
+    """The new tree's root state (``Node.hidden`` of node 0), sent with ``prompt_ids``."""
 
 
 @dataclass
@@ -131,12 +137,13 @@ def apply_delta(trees: dict[str, RolloutTree], delta: TreeDelta) -> RolloutTree:
     """Append ``delta`` to ``trees[delta.tree_id]`` (created from ``prompt_ids`` when new)."""
     if delta.prompt_ids is not None:
         trees[delta.tree_id] = RolloutTree(delta.tree_id, delta.task_id, list(delta.prompt_ids))
+        trees[delta.tree_id].root.hidden = delta.root_hidden
     tree = trees[delta.tree_id]
     if delta.first_node != len(tree.nodes):
         raise ValueError(f"delta for {delta.tree_id!r} starts at node {delta.first_node}, "
                          f"the tree holds {len(tree.nodes)} nodes (a delta was lost or applied twice)")
     for rec in delta.nodes:
-        tree.add_child(rec.parent, turn_from_record(rec.turn))
+        tree.nodes[tree.add_child(rec.parent, turn_from_record(rec.turn))].hidden = rec.hidden
     for data in delta.trajectories:
         tree.add_leaf(data["node_path"][-1], trajectory_from_record(data))
     return tree
@@ -147,6 +154,8 @@ class RolloutExecutor(Protocol):
     """Runs rollout requests; see the module docstring."""
 
     def prompt_ids(self, tasks: Sequence[dict[str, Any]]) -> list[list[int]]: ...
+
+    def prompt_states(self, tasks: Sequence[dict[str, Any]]) -> list[list[float] | None]: ...
 
     def start(self, requests: Sequence[StartRequest]) -> RolloutResult: ...
 
@@ -170,6 +179,13 @@ class LocalExecutor:
 
     def prompt_ids(self, tasks: Sequence[dict[str, Any]]) -> list[list[int]]:
         return [self.engine.prompt_ids(task_from_record(t)) for t in tasks]
+
+    def prompt_states(self, tasks: Sequence[dict[str, Any]]) -> list[list[float] | None]:
+        """One prefill of the prompts on backends that record states (HF); None per prompt otherwise.
+        The prefill's KV is kept, so starting trees from these prompts afterwards reuses it."""
+        record = getattr(self.engine.backend, "prefix_states", None)
+        states = record(self.prompt_ids(tasks)) if callable(record) and tasks else None
+        return list(states) if states is not None else [None] * len(tasks)
 
     def start(self, requests: Sequence[StartRequest]) -> RolloutResult:
         """Requests sharing a seed run as one engine call (one batch); others one call per seed."""
@@ -218,8 +234,9 @@ class LocalExecutor:
         tree = self.engine.tree(tree_id)
         first = self._sent.get(tree_id, 1)
         self._sent[tree_id] = len(tree.nodes)
-        nodes = [NodeRecord(n.parent, dataclasses.asdict(n.turn))  # type: ignore[arg-type]
+        nodes = [NodeRecord(n.parent, dataclasses.asdict(n.turn), n.hidden)  # type: ignore[arg-type]
                  for n in tree.nodes[first:]]
         trajectories = [dataclasses.asdict(t) for leaf, t in sorted(tree.trajectories.items()) if leaf >= first]
         return TreeDelta(tree_id, tree.task_id, first, nodes, trajectories,
-                         prompt_ids=list(tree.prompt_ids) if first == 1 else None)
+                         prompt_ids=list(tree.prompt_ids) if first == 1 else None,
+                         root_hidden=tree.root.hidden if first == 1 else None)

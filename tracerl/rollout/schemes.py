@@ -50,6 +50,10 @@ SCHEME_NAMES = ("chain", "dapo", "tree_random", "trace")
 """The built-in schemes (:data:`SCHEMES` holds them and any registered later)."""
 
 
+TRACE_ARMS = ("learned", "uniform")
+"""Values of ``trace_roots`` / ``trace_prefixes``: predictor-driven or uniform (the 2x2 ablation)."""
+
+
 def _int_at_least(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"SchemeConfig.{name} must be an integer >= {minimum}, got {value!r}")
@@ -85,6 +89,14 @@ class SchemeConfig:
     """trace: stage-2 rounds; round r > 1 branches from the boundaries that round r-1 created."""
     trace_candidates: int | None = None
     """trace: prompts of the pool considered in stage 1 (None: the whole pool)."""
+    trace_roots: str = "learned"
+    """trace stage 1: ``learned`` (allocate_roots on the predictor's root values) or ``uniform``
+    (the same budget in groups of about ``group_size`` on the first pool prompts, as chain does,
+    and the root top-up round-robin): the roots arm of the allocation 2x2 ablation."""
+    trace_prefixes: str = "learned"
+    """trace stage 2: ``learned`` (allocate_prefixes on the predictor's anchor values) or
+    ``uniform`` (the same budget on anchors drawn uniformly at random, seeded by the step, one
+    continuation each in turn up to ``trace_max_per_anchor``): the prefixes arm of the 2x2."""
 
     def __post_init__(self) -> None:
         for name, minimum in (
@@ -98,6 +110,9 @@ class SchemeConfig:
                 _int_at_least(name, getattr(self, name), 1)
         if self.trace_max_per_prompt is not None:
             _int_at_least("trace_max_per_prompt", self.trace_max_per_prompt, self.min_per_prompt)
+        for name in ("trace_roots", "trace_prefixes"):
+            if getattr(self, name) not in TRACE_ARMS:
+                raise ValueError(f"SchemeConfig.{name} must be one of {', '.join(TRACE_ARMS)}, got {getattr(self, name)!r}")
         frac = self.trace_stage1_fraction
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 < frac <= 1.0:
             raise ValueError(f"SchemeConfig.trace_stage1_fraction must lie in (0, 1], got {frac!r}")
@@ -403,6 +418,7 @@ def get_scheme(
 
     ``score``: trace asks the executor for readiness after each stage (``True``), and a bare
     engine passed to ``collect`` is wrapped with this scorer when it is a callable
-    (``ReferenceScorer.score``). ``trace`` without a predictor is the uniform+uniform ablation.
+    (``ReferenceScorer.score``). ``trace`` without a predictor spreads both stages evenly in pool
+    and anchor order; the allocation 2x2 ablation arms are ``trace_roots`` / ``trace_prefixes``.
     """
     return SCHEMES.get(name)(config if config is not None else SchemeConfig(), predictor, score)

@@ -46,6 +46,13 @@ class RolloutSession:
         """Prompt token ids ``S_0`` of ``tasks`` as the executor's trees start with them."""
         return self.executor.prompt_ids([task_record(t) for t in tasks])
 
+    def prompt_states(self, tasks: Sequence[Task]) -> list[list[float] | None]:
+        """The policy's hidden state at each prompt's last token (None where the backend has none)."""
+        clock = time.perf_counter()
+        states = self.executor.prompt_states([task_record(t) for t in tasks])
+        self.seconds["execute"] += time.perf_counter() - clock
+        return states
+
     def start(self, tasks: Sequence[Task], n: Sequence[int], tree_ids: Sequence[str]) -> tuple[list[RolloutTree], RolloutCost]:
         """New trees (one per task, ``n[i]`` chains each), in ``tasks`` order."""
         if not len(tasks) == len(n) == len(tree_ids):

@@ -397,6 +397,10 @@ class TrainConfig:
             raise ConfigError(f"algo.policy_loss = {self.algo.policy_loss!r} is a sequence-level loss: it needs "
                               f"optim.loss_agg = 'seq-mean-token-mean', got {self.optim.loss_agg!r}")
         check_finite("", self)  # every section, the predictor and algo.advantage included
+        if self.predictor.features != "handcrafted" and self.model.backend != "hf":
+            raise ConfigError(f"predictor.features = {self.predictor.features!r} needs model.backend = 'hf': the "
+                              f"policy's hidden states come from the HF generation forward (model.backend = "
+                              f"{self.model.backend!r} does not return them); use predictor.features = 'handcrafted'")
         if self.algo.reference_backend == "vllm":
             if self.model.lora.r > 0:
                 raise ConfigError("algo.reference_backend = 'vllm' does not work with a LoRA adapter (model.lora.r > 0): "
@@ -424,6 +428,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "trace_credit": {"rollout": {"scheme": "chain"}, "algo": {"estimator": "trace_credit", "credit": True}},
     "trace": {"rollout": {"scheme": "trace"}, "algo": {"estimator": "trace_credit", "credit": True}},
 }
+
+# Allocation 2x2 ablation (issue 13): trace_alloc with uniform roots and/or uniform prefixes; the
+# estimator, budget and everything else stay trace_alloc's (learned + learned is trace_alloc itself).
+PRESETS.update({
+    f"trace_alloc_{r[0]}{p[0]}": merge(PRESETS["trace_alloc"], {
+        "rollout": {"schemes": {"trace_roots": r, "trace_prefixes": p}}})
+    for r, p in (("uniform", "uniform"), ("uniform", "learned"), ("learned", "uniform"))
+})
 
 # `--smoke`: a randomly initialised tiny model on a tiny world; a few steps run in seconds.
 SMOKE: dict[str, Any] = {

@@ -198,6 +198,8 @@ class Trainer:
         score = self.reference.score if (self.reference and cfg.algo.credit) else None
         self.executor = LocalExecutor(self.engine, score)
         self.predictor = SuccessPredictor(cfg.predictor) if cfg.uses_predictor else None
+        if self.predictor is not None and cfg.predictor.uses_hidden:  # HF only (checked by the config)
+            self.backend.record_states = True  # type: ignore[attr-defined]
         self.scheme = get_scheme(cfg.rollout.scheme, cfg.rollout.schemes, self.predictor, score is not None)
         recompute = cfg.optim.recompute_old_logprobs
         self.recompute_old_logprobs = recompute == "always" or (recompute == "auto" and cfg.model.backend != "hf")
