@@ -228,7 +228,7 @@ app.add_typer(config_app, name="config")
 @app.command("train")
 @_guarded("train")
 def train(
-    preset: str = typer.Argument(None, help="grpo, dapo, gigpo, tree_grpo, trace_alloc, trace_credit or trace."),
+    preset: str = typer.Argument(None, help="grpo, dapo, gigpo, gspo, tree_grpo, trace_alloc, trace_credit, trace, or an ablation arm trace_alloc_uu/ul/lu."),
     out: str = typer.Option(None, "--out", help="Run folder (metrics.jsonl, checkpoints)."),
     config: str = typer.Option(None, "--config", help="YAML file layered over the preset."),
     set_: list[str] = typer.Option(None, "--set", help="Override, e.g. --set optim.lr=1e-5 (repeatable)."),
