@@ -17,6 +17,11 @@
   (``include_stop_str_in_output``), and an EOS row keeps its EOS token, as in ``HFPolicy``;
 - **per-request seeds**: ``SamplingParams(seed=...)`` per row, so a row's sample does not depend on
   the batch it ran in;
+- **one request at a time**: :meth:`VLLMPolicy.submit` queues a request and :meth:`VLLMPolicy.poll`
+  runs one engine step and returns the requests it finished (``LLM.enqueue`` and
+  ``LLMEngine.step``), so the rollout engine can submit an episode's next turn while others
+  decode (:mod:`tracerl.rollout.independent`); :meth:`VLLMPolicy.generate` is the same loop run
+  until its batch is done;
 - **weight sync**: :meth:`VLLMPolicy.sync_weights` serialises the trainer's state dict once
   (safetensors bytes) and has every worker reload it through :class:`WeightSyncExtension`, then
   resets the prefix cache so no branch reuses KV computed under old weights.
@@ -39,7 +44,7 @@ import shutil
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -201,7 +206,7 @@ class VLLMPolicy:
     The model and tokenizer are saved once to a temporary folder that vLLM loads; later weight
     changes reach the engine only through :meth:`sync_weights`. ``stats`` counts
     ``prefill_tokens`` (prompt tokens computed), ``reused_prefix_tokens`` (served from the prefix
-    cache) and ``generated_tokens``, like ``HFPolicy.stats``.
+    cache) and ``generated_tokens``, like ``HFPolicy.stats``, and ``engine_steps`` (vLLM steps run).
     """
 
     def __init__(
@@ -229,7 +234,10 @@ class VLLMPolicy:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.tokenizer = tokenizer
         self.version = 0
-        self.stats: dict[str, int] = {"prefill_tokens": 0, "reused_prefix_tokens": 0, "generated_tokens": 0}
+        self.stats: dict[str, int] = {"prefill_tokens": 0, "reused_prefix_tokens": 0, "generated_tokens": 0,
+                                      "engine_steps": 0}
+        self._open: dict[str, tuple[int, SamplingParams]] = {}
+        """Requests added and not yet finished: id -> (prompt length, tracerl's params)."""
         self._folder = tempfile.mkdtemp(prefix="tracerl-vllm-")
         model.save_pretrained(self._folder)
         tokenizer.save_pretrained(self._folder)
@@ -277,18 +285,63 @@ class VLLMPolicy:
         if seeds is None and generator is not None:
             drawn = torch.randint(0, 2**31 - 1, (len(prefixes),), generator=generator, device=generator.device)
             seeds = [int(s) for s in drawn.tolist()]
+        if self._open:
+            raise RuntimeError(f"{len(self._open)} submitted requests are unfinished; poll() them before generate()")
+        ids = self._enqueue(prefixes, params, [None] * len(prefixes) if seeds is None else list(seeds))
+        done: dict[str, Generation] = {}
+        while self._open:
+            done.update(self.poll())
+        return [done[i] for i in ids]
+
+    # --- one request at a time (tracerl.rollout.independent.RequestStream) ------------------
+
+    def submit(self, prefix: list[int], params: SamplingParams, seed: int | None) -> str:
+        """Queue one request; :meth:`poll` steps the engine and returns it once finished."""
+        if not prefix:
+            raise ValueError("every prefix must hold at least one token")
+        if self._asleep:
+            raise RuntimeError("the vLLM engine is asleep; call wake_up() before submit()")
+        return self._enqueue([prefix], params, [seed])[0]
+
+    def poll(self) -> list[tuple[str, Generation]]:
+        """Run one engine step (every running request decodes a token, waiting ones are
+        prefilled); returns the requests it finished as ``(request id, generation)``."""
+        if not self._open:
+            return []
+        self.stats["engine_steps"] += 1
+        finished = []
+        for out in self.llm.llm_engine.step():
+            if not out.finished:
+                continue
+            prompt_len, params = self._open.pop(out.request_id)
+            gen = self._to_generation(out, params)
+            cached = min(int(getattr(out, "num_cached_tokens", 0) or 0), prompt_len)
+            self.stats["reused_prefix_tokens"] += cached
+            self.stats["prefill_tokens"] += prompt_len - cached
+            self.stats["generated_tokens"] += len(gen.token_ids)
+            finished.append((out.request_id, gen))
+        if self._open and not finished and not self.llm.llm_engine.has_unfinished_requests():
+            raise RuntimeError(f"vLLM holds none of the {len(self._open)} submitted requests")
+        return finished
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Drop unfinished requests (their KV blocks are freed)."""
+        ids = [i for i in request_ids if self._open.pop(i, None) is not None]
+        if ids:
+            self.llm.llm_engine.abort_request(ids)
+
+    def _enqueue(self, prefixes: list[list[int]], params: SamplingParams, seeds: list[int | None]) -> list[str]:
+        """Add one vLLM request per prefix (``LLM.enqueue``: ids from the engine's counter)."""
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prefixes]
-        sampling = [_vllm_params(params, None if seeds is None else seeds[i]) for i in range(len(prefixes))]
-        outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
-        gens = [self._to_generation(out, params) for out in outputs]
-        for prefix, out, gen in zip(prefixes, outputs, gens):
-            cached = min(int(getattr(out, "num_cached_tokens", 0) or 0), len(prefix))
-            self.stats["reused_prefix_tokens"] += cached
-            self.stats["prefill_tokens"] += len(prefix) - cached
-            self.stats["generated_tokens"] += len(gen.token_ids)
-        return gens
+        added = self.llm.enqueue(prompts, [_vllm_params(params, seed) for seed in seeds], use_tqdm=False)
+        # enqueue answers vLLM's internal ids ("<counter>-<8 random chars>"); outputs carry the
+        # counter part (the external id), which is what this backend keys requests by
+        ids = [str(i).split("-", 1)[0] for i in added]
+        for request, prefix in zip(ids, prefixes):
+            self._open[request] = (len(prefix), params)
+        return ids
 
     def _to_generation(self, out: Any, params: SamplingParams) -> Generation:
         """One vLLM ``RequestOutput`` -> :class:`Generation` in tracerl's conventions."""
