@@ -25,9 +25,10 @@ independently by default (:func:`~tracerl.rollout.independent.run_independent`: 
 next turn is submitted the moment its observation is ready, so episodes at different turns share
 engine steps); otherwise :meth:`RolloutEngine._run` advances the live episodes one turn per
 batched ``generate`` call (lockstep turns: one batched forward for the HF backend). Either way
-an episode's turns are applied with :meth:`RolloutEngine._observe` and joined to its tree with
-:meth:`RolloutEngine._commit` in lockstep order (turn round, then request order), so the trees
-are the same, node ids included, whatever the schedule.
+an episode's rows come from :meth:`RolloutEngine._row`, its turns are applied with
+:meth:`RolloutEngine._observe` and joined to its tree with :meth:`RolloutEngine._commit` in
+lockstep order (generate round, then request order), so the trees are the same, node ids
+included, whatever the schedule.
 
 Branching: the engine remembers, per tree it produced, a clone of the environment episode at
 every open boundary (the root and each node after an observation). ``expand`` resumes ``n``
@@ -306,12 +307,11 @@ class RolloutEngine:
             return run_independent(self, lives, self.schedule)
         generated = 0
         while lives:
-            budgets = [self._budget(lv) for lv in lives]
-            params = self._params(max(budgets))
-            seeds = [derive_seed(lv.seed, len(lv.turns)) for lv in lives]
-            gens = self.backend.generate([lv.ids for lv in lives], params, seeds)
+            rows = [self._row(lv) for lv in lives]
+            params = self._params(max(budget for _, budget, _ in rows))
+            gens = self.backend.generate([prefix for prefix, _, _ in rows], params, [seed for _, _, seed in rows])
             still = []
-            for live, gen, budget in zip(lives, gens, budgets):
+            for live, gen, (_, budget, _) in zip(lives, gens, rows):
                 gen = self._fit(gen, budget)
                 generated += len(gen.token_ids)
                 if self._step(live, gen):
@@ -319,9 +319,10 @@ class RolloutEngine:
             lives = still
         return generated
 
-    def _budget(self, live: _Live) -> int:
-        """Tokens ``live``'s next turn may generate."""
-        return min(self.config.max_turn_tokens, self.config.max_total_tokens - len(live.ids))
+    def _row(self, live: _Live) -> tuple[list[int], int, int]:
+        """``live``'s next generate row: ``(prefix ids, token budget, seed)`` (both schedules)."""
+        budget = min(self.config.max_turn_tokens, self.config.max_total_tokens - len(live.ids))
+        return live.ids, budget, derive_seed(live.seed, len(live.turns))
 
     def _params(self, max_new_tokens: int) -> SamplingParams:
         cfg = self.config

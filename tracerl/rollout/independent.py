@@ -14,8 +14,9 @@ their results are picked up between steps (after each step the calls it started 
 step's time to return, so a fast tool's episode rejoins the very next step). Parsing and observation rendering (the tokenizer)
 stay on the driver's thread.
 
-Same trajectories as lockstep: a turn's request carries the seed ``derive_seed(episode seed,
-turn)`` and its own token budget, so what it samples does not depend on when or beside what it
+Same trajectories as lockstep: a turn's request is the row lockstep would send
+(``RolloutEngine._row``: prefix, the episode's own token budget, seed ``derive_seed(episode
+seed, turn)``), so what it samples does not depend on when or beside what it
 ran (up to the backend's batch invariance, measured in ``tests/vllm_backend``). The tree is
 built after the call, in lockstep order (turn round, then request order): node ids, and the
 seeds later branches derive from them, are those of the lockstep schedule.
@@ -30,7 +31,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tracerl.models.backend import Generation, SamplingParams
-from tracerl.models.sampling import derive_seed
 
 if TYPE_CHECKING:  # the engine imports this module
     from tracerl.rollout.engine import RolloutEngine, _Live, _Outcome
@@ -97,8 +97,10 @@ class _Run:
 
     def __init__(self, engine: RolloutEngine, lives: list[_Live], stats: ScheduleStats) -> None:
         self.engine, self.lives, self.stats = engine, lives, stats
-        self.outcomes: list[list[_Outcome]] = [[] for _ in lives]
-        """Per episode, its applied turns in order (joined to the tree by :meth:`commit`)."""
+        self.rounds = [0] * len(lives)
+        """Per episode, the requests it has made (its lockstep round)."""
+        self.outcomes: list[tuple[int, int, _Outcome]] = []
+        """Applied turns as ``(round, episode index, outcome)`` (joined to the trees by :meth:`commit`)."""
         self.requests: dict[str, tuple[int, int]] = {}
         """In flight: request id -> (episode index, token budget)."""
         self.tools: dict[Future[Any], tuple[int, Generation, Any]] = {}
@@ -106,11 +108,10 @@ class _Run:
         self.generated = 0
 
     def submit(self, i: int) -> None:
-        live = self.lives[i]
-        budget = self.engine._budget(live)
-        seed = derive_seed(live.seed, len(live.turns))
-        request = self.engine.backend.submit(live.ids, self.engine._params(budget), seed)
+        prefix, budget, seed = self.engine._row(self.lives[i])
+        request = self.engine.backend.submit(prefix, self.engine._params(budget), seed)
         self.requests[request] = (i, budget)
+        self.rounds[i] += 1
         self.stats.requests += 1
 
     def loop(self, pool: ThreadPoolExecutor | None) -> None:
@@ -136,7 +137,7 @@ class _Run:
     def _step_engine(self, pool: ThreadPoolExecutor | None) -> list[Future[Any]]:
         """One engine step; parse what it finished and start those tool calls (returned)."""
         started = []
-        rounds = {len(self.outcomes[i]) for i, _ in self.requests.values()}
+        rounds = {self.rounds[i] for i, _ in self.requests.values()}
         self.stats.engine_steps += 1
         self.stats.mixed_turn_steps += len(rounds) > 1
         for request, gen in self.engine.backend.poll():
@@ -154,14 +155,12 @@ class _Run:
 
     def _observe(self, i: int, gen: Generation, action: Any, obs: Any) -> None:
         outcome = self.engine._observe(self.lives[i], gen, action, obs)
-        self.outcomes[i].append(outcome)
+        self.outcomes.append((self.rounds[i], i, outcome))
         if not outcome.ended:
             self.submit(i)
 
     def commit(self) -> None:
-        """Join every episode's turns to its tree in lockstep order: round ``r`` of every
-        episode (in request order) before round ``r + 1`` of any."""
-        for r in range(max((len(o) for o in self.outcomes), default=0)):
-            for live, outcomes in zip(self.lives, self.outcomes):
-                if r < len(outcomes):
-                    self.engine._commit(live, outcomes[r])
+        """Join every episode's turns to its tree in lockstep order: what round ``r`` finished,
+        in request order, before anything of round ``r + 1`` (lockstep's generate call ``r``)."""
+        for _, i, outcome in sorted(self.outcomes, key=lambda o: o[:2]):
+            self.engine._commit(self.lives[i], outcome)
