@@ -92,14 +92,16 @@ def test_independent_trees_equal_lockstep_trees(env, world, tok) -> None:
     policy = HFPolicy(tiny_model(len(tok), seed=4), tok)
     stream = NewestFirstStream(policy)
     assert streams_requests(stream) and not streams_requests(policy)
-    lock, lock_lp = _start_and_branch(_engine(policy, env, "lockstep"), world.train[:3])
+    rows: list[int] = []
+    counted = NewestFirstStream(policy)
+    counted.generate = lambda prefixes, params, seeds=None: rows.append(len(prefixes)) or policy.generate(prefixes, params, seeds)
+    lock, lock_lp = _start_and_branch(_engine(counted, env, "lockstep"), world.train[:3])
     engine = _engine(stream, env, "independent")
     ind, ind_lp = _start_and_branch(engine, world.train[:3])
     assert ind == lock
     assert len(ind_lp) == len(lock_lp) > 0
     assert max(abs(a - b) for a, b in zip(ind_lp, lock_lp)) < 1e-5
-    turns = sum(len(d["nodes"]) for r in lock for d in r["deltas"])
-    assert engine.schedule.requests == engine.schedule.engine_steps == turns  # one poll finishes one request
+    assert engine.schedule.requests == engine.schedule.engine_steps == sum(rows)  # one request per lockstep row
     assert engine.schedule.mixed_turn_steps > 0  # episodes at different turns were in flight together
     # the lockstep setting keeps a streaming backend in batched turns
     locked = _engine(stream, env, "lockstep")

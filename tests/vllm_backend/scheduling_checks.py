@@ -70,7 +70,7 @@ def _run(policy: Any, env: ToolEnvironment, tasks: list, scheduling: str, config
     engine = RolloutEngine(policy, env, get_format("react"), exact_match,
                            EngineConfig(vllm_scheduling=scheduling, **config))
     executor = LocalExecutor(engine)
-    steps0 = policy.stats["engine_steps"]
+    steps0, requests0 = policy.stats["engine_steps"], policy.stats["requests"]
     clock = time.perf_counter()
     started = executor.start([StartRequest(f"t{i}", task_record(t), 3, seed=11) for i, t in enumerate(tasks)])
     requests = []
@@ -92,6 +92,7 @@ def _run(policy: Any, env: ToolEnvironment, tasks: list, scheduling: str, config
         "turns": sum(len(t.nodes) - 1 for t in trees),
         "turn_lengths": sorted({len(n.turn.assistant_ids) for t in trees for n in t.nodes if n.turn}),
         "engine_steps": policy.stats["engine_steps"] - steps0,
+        "backend_requests": policy.stats["requests"] - requests0,
         "generated_tokens": started.generated_tokens + expanded.generated_tokens,
         "schedule": vars(engine.schedule),
         "seconds": round(seconds, 3),
@@ -118,7 +119,7 @@ def scheduling_facts(policy: Any, tok: Any, make_model: Any) -> dict:
         "logprob_max_abs_diff": max((abs(a - b) for a, b in pairs), default=float("inf")),
         "differing_records": _differences(lock["structure"], ind["structure"]),
         **{f"{name}_{key}": run[key] for name, run in (("lockstep", lock), ("independent", ind))
-           for key in ("leaves", "turns", "engine_steps", "generated_tokens", "schedule", "seconds", "turn_lengths")},
+           for key in ("leaves", "turns", "backend_requests", "engine_steps", "generated_tokens", "schedule", "seconds", "turn_lengths")},
         "expand_requests": len(lock["requests"]),
     }
 

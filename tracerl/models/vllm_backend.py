@@ -206,7 +206,7 @@ class VLLMPolicy:
     The model and tokenizer are saved once to a temporary folder that vLLM loads; later weight
     changes reach the engine only through :meth:`sync_weights`. ``stats`` counts
     ``prefill_tokens`` (prompt tokens computed), ``reused_prefix_tokens`` (served from the prefix
-    cache) and ``generated_tokens``, like ``HFPolicy.stats``, and ``engine_steps`` (vLLM steps run).
+    cache) and ``generated_tokens``, like ``HFPolicy.stats``, and ``requests`` and ``engine_steps`` (vLLM requests added, steps run).
     """
 
     def __init__(
@@ -235,7 +235,7 @@ class VLLMPolicy:
         self.tokenizer = tokenizer
         self.version = 0
         self.stats: dict[str, int] = {"prefill_tokens": 0, "reused_prefix_tokens": 0, "generated_tokens": 0,
-                                      "engine_steps": 0}
+                                      "requests": 0, "engine_steps": 0}
         self._open: dict[str, tuple[int, SamplingParams]] = {}
         """Requests added and not yet finished: id -> (prompt length, tracerl's params)."""
         self._folder = tempfile.mkdtemp(prefix="tracerl-vllm-")
@@ -341,6 +341,7 @@ class VLLMPolicy:
         ids = [str(i).split("-", 1)[0] for i in added]
         for request, prefix in zip(ids, prefixes):
             self._open[request] = (len(prefix), params)
+        self.stats["requests"] += len(ids)
         return ids
 
     def _to_generation(self, out: Any, params: SamplingParams) -> Generation:
