@@ -35,7 +35,7 @@ ERROR = Observation("no action found", done=False, error=True, valid_actions=(("
 
 def test_react_grammar() -> None:
     fmt = get_format("react")
-    assert fmt.stop_strings == ("Observation:",) and fmt.answer_opener == "Action: answer["
+    assert fmt.stop_strings == ("]", "Observation:") and fmt.answer_opener == "Action: answer["
     assert fmt.render_prompt(TASK, TOOLS) == "Question: Who wrote Velmora?\n"
     assert ReactFormat(tool_list=True).render_prompt(TASK, TOOLS) == (
         "Actions: search[query] open[title] answer[text]\nQuestion: Who wrote Velmora?\n"

@@ -55,10 +55,16 @@ def test_random_model_end_to_end(policy, env, world, tok) -> None:
             assert traj.reward == 0.0  # garbage never answers correctly
             for turn in traj.turns:
                 assert turn.text == tok.decode(turn.assistant_ids, skip_special_tokens=True)
-                if turn.is_transition:  # forced tokens are exactly the rendered observation
-                    assert tok.decode(turn.observation_ids) == FMT.render_observation(
+                if turn.is_transition:  # forced: what the turn left of "\nObservation:", then the observation
+                    forced = tok.decode(turn.observation_ids)
+                    rendered = FMT.render_observation(
                         Observation(turn.observation, done=False, error=turn.tool_error,
                                     valid_actions=(("search", "query"), ("open", "title"))))
+                    if "Observation:" in turn.text:  # the turn stopped on the marker itself
+                        assert forced == rendered
+                    else:  # it stopped on "]" or the cap: the marker is forced
+                        assert (turn.text + forced).endswith("\nObservation:" + rendered)
+                        assert 0 < len(forced) - len(rendered) <= len("\nObservation:")
 
 
 def test_old_logprobs_match_a_forward_over_the_trajectory(policy, env, world) -> None:
@@ -154,7 +160,8 @@ def test_scripted_answers_get_verifier_rewards(env, world, tok) -> None:
             assert traj.reward == 1.0 and traj.answer == task.gold
             assert [t.action.kind for t in traj.turns] == ["tool", "answer"]
             assert traj.num_transitions == 1 and len(traj.boundaries) == 2
-            assert traj.turns[-1].assistant_ids[-1] == tok.eos_token_id
+            # the answer turn ends at the bracket closing its action: no EOS is sampled after it
+            assert tok.decode(traj.turns[-1].assistant_ids) == f"Action: answer[{task.gold}]"
             assert traj.turns[-1].observation_ids == []
             assert not tree.nodes[traj.node_path[-1]].is_boundary
     wrong_trees, _ = _engine(ScriptedPolicy(tok, _oracle(world, wrong=True)), env).rollout(tasks[:1], [2])
@@ -183,7 +190,7 @@ def test_masks_cover_assistant_and_observation_text(env, world, tok) -> None:
     assert texts[2] == " Error: no action found. Valid actions: search[query], open[title], answer[text].\n"
     assert texts[3].startswith("Thought: look it up.\nAction: search[")
     assert texts[4] == FMT.render_observation(Observation(traj.turns[1].observation, False, False))
-    assert texts[5] == f"Action: answer[{world.train[0].gold}]<|endoftext|>"
+    assert texts[5] == f"Action: answer[{world.train[0].gold}]"
     assert traj.boundaries == [len(traj.prompt_ids), traj.turn_spans[1][0], traj.turn_spans[2][0]]
 
 

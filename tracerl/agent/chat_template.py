@@ -43,6 +43,7 @@ from tracerl.agent.formats import (
     error_text,
     parse_tagged,
     render_tagged_action,
+    tagged_ends_turn,
     tool_listing,
 )
 from tracerl.core.types import Action, Task
@@ -109,8 +110,9 @@ class ChatTemplateFormat(AgentFormat):
                 failures.append(str(exc))
         else:
             raise ValueError(" / ".join(failures))
-        stop = self._end_token()
-        self.stop_strings = ("</tool_call>", "</answer>") + ((stop,) if stop else ())
+        self.end_token = self._end_token()
+        """The special token that ends an assistant turn ('' when the template has none)."""
+        self.stop_strings = ("</tool_call>", "</answer>") + ((self.end_token,) if self.end_token else ())
 
     # --- construction checks --------------------------------------------------------------
 
@@ -229,6 +231,9 @@ class ChatTemplateFormat(AgentFormat):
 
     def parse(self, text: str, tools: ToolSet) -> Action:
         return parse_tagged(text, tools)
+
+    def ends_turn(self, text: str) -> bool:
+        return tagged_ends_turn(text, self.end_token)
 
     def render_action(self, action: Action, thought: str = "") -> str:
         return render_tagged_action(action, thought, self.thinking)

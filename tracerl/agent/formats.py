@@ -17,6 +17,15 @@ built-in Qwen3 markup (:class:`Qwen3MarkupFormat`, e.g. the embedded word-level 
 Token level: the engine asks a format for ``prompt_ids`` and, after each sampled turn, for the
 forced ``observation_ids``; text formats encode their rendered text, template formats build ids
 turn by turn (never re-tokenising the whole history).
+
+Ending a turn: a backend stops sampling on any of :meth:`AgentFormat.turn_stops` (plain
+substrings, all a vLLM engine can match); the engine then asks :meth:`AgentFormat.ends_turn`
+whether the text really completes the turn, and when it does not (a ``]`` inside a react
+thought, a ``</tool_call>`` inside an open think block) samples on within the same turn. So a
+turn ends as soon as its action is written (react: the ``]`` closing ``Action: name[``; chat:
+``</tool_call>``/``</answer>``; Search-R1: ``</search>``, ``</answer>`` or another tool's closing
+tag) instead of running on to the token cap. The token that completes the action is kept as
+sampled, with any text it carries past the stop; parsers ignore that tail.
 """
 
 from __future__ import annotations
@@ -47,6 +56,20 @@ class AgentFormat(ABC):
     def observation_ids(self, obs: Observation, sampled_ids: Sequence[int], tokenizer: Any) -> list[int]:
         """Forced ids after an assistant turn that sampled ``sampled_ids`` (text formats ignore them)."""
         return list(tokenizer.encode(self.render_observation(obs), add_special_tokens=False))
+
+    def turn_stops(self, tools: ToolSet | None) -> tuple[str, ...]:
+        """Strings on which a backend stops sampling a turn (``stop_strings``; a format whose
+        actions depend on the tools adds theirs). A stop is only a candidate end: see :meth:`ends_turn`."""
+        return tuple(self.stop_strings)
+
+    def ends_turn(self, text: str) -> bool:
+        """Whether a turn that stopped on one of :meth:`turn_stops` with ``text`` is complete.
+
+        ``text`` is the turn's sampled text so far, special tokens kept. False makes the engine
+        sample on within the same turn (e.g. the stop fell inside the reasoning, not after the
+        action). The base format ends the turn on every stop.
+        """
+        return True
 
     @abstractmethod
     def render_prompt(self, task: Task, tools: ToolSet) -> str:
@@ -105,11 +128,53 @@ def _why(text: str) -> str:
     return text.strip().rstrip(".")
 
 
+_BRACKETS = re.compile(r"[\[\]\n]")
+OBSERVATION_MARK = "\nObservation:"
+"""What introduces a react observation; the policy writes it in pretraining texts, the engine forces
+what of it the policy did not write (a turn now ends at the action's ``]``)."""
+
+
+def action_end(text: str, start: int) -> tuple[int, bool] | None:
+    """Where a react action whose ``[`` ends at ``start`` ends: ``(index, closed)``, or None while open.
+
+    ``closed``: ``text[index]`` is the ``]`` that balances the ``[`` (nested pairs belong to the
+    argument, ``answer[a [b] c]``). Not closed: ``text[index]`` is a newline met first, which makes
+    the action malformed (the argument must sit on one line, as the parser always required).
+    """
+    depth = 1
+    for match in _BRACKETS.finditer(text, start):
+        char = match.group()
+        if char == "\n":
+            return match.start(), False
+        depth += 1 if char == "[" else -1
+        if depth == 0:
+            return match.start(), True
+    return None
+
+
+def unwritten_mark(written: str, mark: str) -> str:
+    """The part of ``mark`` still to force after ``written``: none when ``written`` holds the mark
+    (the turn stopped on it), else what its longest suffix that starts ``mark`` leaves over."""
+    if mark.strip() in written:
+        return ""
+    for k in range(len(mark) - 1, 0, -1):
+        if written.endswith(mark[:k]):
+            return mark[k:]
+    return mark
+
+
 class ReactFormat(AgentFormat):
-    """``Action: search[query]`` / ``Observation: ...`` / ``Action: answer[text]``."""
+    """``Action: search[query]`` / ``Observation: ...`` / ``Action: answer[text]``.
+
+    A turn ends at the ``]`` that closes its first ``Action: name[`` (or at a newline inside that
+    argument, a malformed action), or at ``Observation:`` for a turn without an action; a ``]``
+    in the thought before the action does not end it. The forced text after a tool turn starts
+    with whatever of ``"\nObservation:"`` the policy did not write, so episodes read as in
+    :meth:`render_episode` whichever way the turn ended.
+    """
 
     name = "react"
-    stop_strings = ("Observation:",)
+    stop_strings = ("]", "Observation:")
     answer_opener = "Action: answer["
     _ACTION = re.compile(r"Action:[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*\[")
 
@@ -134,10 +199,10 @@ class ReactFormat(AgentFormat):
         if match is None:
             return Action(kind="invalid", error="no action found")
         name = match.group(1)
-        line = text[match.end():].split("\n", 1)[0].split("Observation:", 1)[0]
-        if "]" not in line:
+        end = action_end(text, match.end())
+        if end is None or not end[1] or "Observation:" in text[match.end(): end[0]]:
             return Action(kind="invalid", name=name, error="missing ] after the argument")
-        arg = line[: line.rindex("]")].strip()
+        arg = text[match.end(): end[0]].strip()  # the tail after the closing ] is ignored
         if name == "answer":
             if not arg:
                 return Action(kind="invalid", name=name, error="empty answer")
@@ -151,6 +216,21 @@ class ReactFormat(AgentFormat):
         if not arg:
             return Action(kind="invalid", name=name, error=f"empty {params[0].name}")
         return _tool_action(name, {params[0].name: arg}, tools)
+
+    def ends_turn(self, text: str) -> bool:
+        """Complete once the first action is closed (or broken by a newline), or at ``Observation:``."""
+        if "Observation:" in text:
+            return True
+        match = self._ACTION.search(text)
+        return match is not None and action_end(text, match.end()) is not None
+
+    def observation_ids(self, obs: Observation, sampled_ids: Sequence[int], tokenizer: Any) -> list[int]:
+        """``"\nObservation:"`` minus what the turn wrote of it, then :meth:`render_observation`."""
+        text = self.render_observation(obs)
+        if not text:
+            return []
+        written = tokenizer.decode(list(sampled_ids), skip_special_tokens=True)
+        return list(tokenizer.encode(unwritten_mark(written, OBSERVATION_MARK) + text, add_special_tokens=False))
 
     def render_observation(self, obs: Observation) -> str:
         if obs.error:
@@ -209,6 +289,13 @@ def _strip_think(text: str) -> str | None:
     if "</think>" in text:
         return text.rsplit("</think>", 1)[1]
     return None if "<think>" in text else text
+
+
+def tagged_ends_turn(text: str, end_token: str = "") -> bool:
+    """Whether a tagged turn that stopped on a closing tag is complete: yes on the end-of-turn
+    token, else only when the stop is not inside a think block left open (the parser would call
+    such a turn invalid; the policy was quoting a tag while reasoning, so it samples on)."""
+    return bool(end_token and end_token in text) or _strip_think(text) is not None
 
 
 def _call_payload(text: str, call: int) -> tuple[bool, Any]:
@@ -303,6 +390,9 @@ class Qwen3MarkupFormat(AgentFormat):
 
     def parse(self, text: str, tools: ToolSet) -> Action:
         return parse_tagged(text, tools)
+
+    def ends_turn(self, text: str) -> bool:
+        return tagged_ends_turn(text, "<|im_end|>")
 
     def render_observation(self, obs: Observation) -> str:
         if obs.done and not obs.text and not obs.error:

@@ -3,7 +3,8 @@ Reason and Leverage Search Engines with Reinforcement Learning").
 
 The policy reasons inside ``<think> ... </think>``, searches with ``<search> query </search>``,
 reads results the environment inserts as ``<information> ... </information>``, and ends with
-``<answer> ... </answer>``. Generation stops on ``</search>`` and ``</answer>``; the frozen
+``<answer> ... </answer>``. Generation stops on ``</search>``, ``</answer>`` and the closing tag
+of any other one-argument tool, unless the tag sits inside a think block left open; the frozen
 reference scores the gold answer after the opener ``<answer>``. The whole episode is one
 assistant message: observations are forced text inside it, not new chat turns, as in Search-R1.
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tracerl.agent.formats import AgentFormat, _tool_action, _why, encode_prompt
+from tracerl.agent.formats import AgentFormat, _tool_action, _why, encode_prompt, tagged_ends_turn
 from tracerl.core.types import Action, Task
 from tracerl.envs.base import Observation
 from tracerl.envs.tools import ToolSet
@@ -80,6 +81,16 @@ class SearchR1Format(AgentFormat):
         if self._template is not None:
             return list(tokenizer.encode(text, add_special_tokens=False))
         return encode_prompt(tokenizer, text)
+
+    def turn_stops(self, tools: ToolSet | None) -> tuple[str, ...]:
+        """``</search>``, ``</answer>`` and the closing tag of every other one-argument tool, so a
+        turn ends as soon as any action it can parse is closed (not only a search)."""
+        closing = [f"</{n}>" for n, t in (tools or {}).items() if len(t.parameters) == 1]
+        return tuple(dict.fromkeys(self.stop_strings + tuple(closing)))
+
+    def ends_turn(self, text: str) -> bool:
+        """A closing tag inside a think block left open does not end the turn (the parser skips it)."""
+        return tagged_ends_turn(text)
 
     def parse(self, text: str, tools: ToolSet) -> Action:
         """The first ``<answer>`` or ``<tool>`` block after the reasoning; never raises.

@@ -15,7 +15,8 @@ with its task and environment snapshots, until :meth:`RolloutEngine.forget`, so 
 Seeds: every episode (a chain, or one continuation of a branch) has its own seed, derived from
 the call's seed, its tree id, the node it starts from and its branch index there (the count of
 continuations started from that node before it, in request order), and each turn's generate
-row is seeded with ``(episode seed, turn index)``. With a backend that honours per-row seeds
+row is seeded with ``(episode seed, turn index)`` (``(episode seed, turn index, segment)`` for a
+turn that samples on after a stop that did not end it, see below). With a backend that honours per-row seeds
 (:class:`~tracerl.models.backend.HFPolicy` does) a trajectory therefore does not depend on the
 batch it ran in.
 
@@ -36,6 +37,13 @@ continuations from such a node with the stored prefix token ids (never regenerat
 prefix tokens are identical by construction) and a fresh clone of the stored episode. What is
 reused at the model level is the backend's business: :class:`~tracerl.models.backend.HFPolicy`
 prefills identical prefixes of one call once and repeats their KV-cache rows.
+
+Ending a turn: the backend stops a row on the format's ``turn_stops`` (plain strings, all vLLM
+can match) and the format's ``ends_turn`` decides whether that completes the turn. A react turn
+ends at the ``]`` closing its action, but a ``]`` in the thought before it is also a stop; then
+the row samples on from its partial turn in the next batched call (a new *segment*), and the
+segments join into one turn whose tokens and log-probs are exactly the sampled ones. Sampling
+the rest of a turn from the partial turn is the same distribution as sampling it in one go.
 
 Cost (spec section 1): each new chain and each branch continuation is one rollout; generated
 tokens count only tokens sampled in the call (reused prefix tokens are not counted).
@@ -141,6 +149,10 @@ class _Live:
     turns: list[Turn]
     seed: int = 0
     """The episode's seed; its turn ``t`` samples with ``derive_seed(seed, t)``."""
+    partial: Generation | None = None
+    """The current turn so far, when a stop string did not end it (``fmt.ends_turn`` said no)."""
+    segments: int = 0
+    """How many such partial pieces the current turn has (its next piece's seed tells them apart)."""
 
 
 @dataclass
@@ -314,15 +326,20 @@ class RolloutEngine:
             for live, gen, (_, budget, _) in zip(lives, gens, rows):
                 gen = self._fit(gen, budget)
                 generated += len(gen.token_ids)
-                if self._step(live, gen):
+                turn = self._join(live, gen)
+                if turn is None or self._step(live, turn):
                     still.append(live)
             lives = still
         return generated
 
     def _row(self, live: _Live) -> tuple[list[int], int, int]:
-        """``live``'s next generate row: ``(prefix ids, token budget, seed)`` (both schedules)."""
-        budget = min(self.config.max_turn_tokens, self.config.max_total_tokens - len(live.ids))
-        return live.ids, budget, derive_seed(live.seed, len(live.turns))
+        """``live``'s next generate row: ``(prefix ids, token budget, seed)`` (both schedules).
+
+        A turn that samples on after a stop that did not end it continues from its partial turn,
+        seeded ``(episode seed, turn, segment)``."""
+        seed = derive_seed(live.seed, len(live.turns), live.segments) if live.segments else derive_seed(live.seed, len(live.turns))
+        prefix = live.ids + (live.partial.token_ids if live.partial else [])
+        return prefix, self._turn_room(live), seed
 
     def _params(self, max_new_tokens: int) -> SamplingParams:
         cfg = self.config
@@ -330,8 +347,34 @@ class RolloutEngine:
             max_new_tokens=max_new_tokens,
             temperature=cfg.temperature,
             top_p=cfg.top_p,
-            stop_strings=tuple(self.fmt.stop_strings),
+            stop_strings=tuple(self.fmt.turn_stops(self.tools)),
         )
+
+    def _turn_room(self, live: _Live) -> int:
+        """Tokens the episode's current turn may still sample (turn cap and total cap)."""
+        cfg = self.config
+        done = len(live.partial.token_ids) if live.partial else 0
+        return min(cfg.max_turn_tokens, cfg.max_total_tokens - len(live.ids)) - done
+
+    def _join(self, live: _Live, gen: Generation) -> Generation | None:
+        """The whole turn once ``gen`` ends it, else None (kept as ``live.partial`` to sample on).
+
+        A stop ends the turn when the format says the text completes it, or when no room is left.
+        Joined pieces keep every sampled token and log-prob; the text is decoded from the ids as
+        a backend does (special tokens dropped).
+        """
+        part = live.partial
+        if part is not None:
+            ids = part.token_ids + gen.token_ids
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            gen = Generation(ids, part.logprobs + gen.logprobs, text, gen.finish_reason)
+        live.partial = None
+        if gen.finish_reason == "stop" and self._turn_room(live) > len(gen.token_ids):
+            if not self.fmt.ends_turn(self.tokenizer.decode(gen.token_ids, skip_special_tokens=False)):
+                live.partial, live.segments = gen, live.segments + 1
+                return None
+        live.segments = 0
+        return gen
 
     def _fit(self, gen: Generation, budget: int) -> Generation:
         """Cut a generation to this episode's own token budget (the batch shares one cap)."""

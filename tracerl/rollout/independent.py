@@ -16,7 +16,8 @@ stay on the driver's thread.
 
 Same trajectories as lockstep: a turn's request is the row lockstep would send
 (``RolloutEngine._row``: prefix, the episode's own token budget, seed ``derive_seed(episode
-seed, turn)``), so what it samples does not depend on when or beside what it
+seed, turn[, segment])``; a stop the format rejects resubmits the partial turn, as lockstep's
+next call would), so what it samples does not depend on when or beside what it
 ran (up to the backend's batch invariance, measured in ``tests/vllm_backend``). The tree is
 built after the call, in lockstep order (turn round, then request order): node ids, and the
 seeds later branches derive from them, are those of the lockstep schedule.
@@ -144,6 +145,11 @@ class _Run:
             i, budget = self.requests.pop(request)
             gen = self.engine._fit(gen, budget)
             self.generated += len(gen.token_ids)
+            turn = self.engine._join(self.lives[i], gen)
+            if turn is None:  # a stop that did not end the turn: sample on from the partial turn
+                self.submit(i)
+                continue
+            gen = turn
             action = self.engine.fmt.parse(gen.text, self.engine.tools)
             episode = self.lives[i].episode
             if pool is None:
