@@ -113,6 +113,7 @@ def scheduling_facts(policy: Any, tok: Any, make_model: Any) -> dict:
     ind = _run(policy, env, tasks, "independent", config)
     pairs = list(zip(lock["logprobs"], ind["logprobs"]))
     return {
+        "abort": _abort_check(policy, tok),
         "structure_equal": lock["structure"] == ind["structure"],
         "requests_equal": lock["requests"] == ind["requests"],
         "logprob_count": [len(lock["logprobs"]), len(ind["logprobs"])],
@@ -122,6 +123,22 @@ def scheduling_facts(policy: Any, tok: Any, make_model: Any) -> dict:
            for key in ("leaves", "turns", "backend_requests", "engine_steps", "generated_tokens", "schedule", "seconds", "turn_lengths")},
         "expand_requests": len(lock["requests"]),
     }
+
+
+def _abort_check(policy: Any, tok: Any) -> dict:
+    """Two requests submitted, one engine step, both aborted: the engine is left idle (a prefix
+    cache reset, which refuses while requests run, succeeds) and generate() works again."""
+    from tracerl.models.backend import SamplingParams
+
+    prefix = tok.encode("The city of Lumen lies on", add_special_tokens=False)
+    long = SamplingParams(max_new_tokens=200, temperature=1.0)
+    ids = [policy.submit(prefix, long, seed) for seed in (1, 2)]
+    finished = policy.poll()
+    policy.abort(ids)
+    policy.reset_prefix_cache()
+    after = policy.generate([prefix], SamplingParams(max_new_tokens=4), seeds=[3])
+    return {"distinct_ids": len(set(ids)) == 2, "finished_in_one_step": len(finished),
+            "idle": not policy.llm.llm_engine.has_unfinished_requests(), "generate_after": len(after[0].token_ids)}
 
 
 def _differences(a: Any, b: Any, path: str = "") -> list[str]:

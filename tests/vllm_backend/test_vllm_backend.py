@@ -124,6 +124,14 @@ def test_independent_scheduling_mixes_turns_in_engine_steps(facts: dict) -> None
     assert s["lockstep_schedule"] == {"requests": 0, "engine_steps": 0, "mixed_turn_steps": 0}
 
 
+def test_aborted_requests_leave_the_engine_idle(facts: dict) -> None:
+    """Two 200-token requests, one engine step, both aborted: nothing left running (the prefix
+    cache reset succeeded) and generate() works again."""
+    abort = facts["scheduling"]["abort"]
+    assert abort["distinct_ids"] and abort["finished_in_one_step"] < 2  # at least one was still running
+    assert abort["idle"] and abort["generate_after"] == 4
+
+
 def test_train_smoke_with_vllm_backend(tmp_path: Path) -> None:
     """The acceptance path: 3 steps of ``tracerl train trace --smoke --set model.backend=vllm``; the
     trainer's recomputed log-probs match the sampler's at every step (weights synced each update)."""
