@@ -10,16 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracerl.agent.formats import (
-    OBSERVATION_MARK,
-    AgentFormat,
-    Qwen3MarkupFormat,
-    ReactFormat,
-    action_end,
-    tagged_ends_turn,
-    unwritten_mark,
-)
+from tracerl.agent.formats import AgentFormat, Qwen3MarkupFormat, ReactFormat
 from tracerl.agent.search_r1 import SearchR1Format
+from tracerl.agent.turn_end import OBSERVATION_MARK, action_end, tagged_ends_turn, unwritten_mark
 from tracerl.core.types import Action
 from tracerl.envs.tools import ToolSet
 
@@ -41,6 +34,7 @@ def lookup(entity: str, field: str) -> str:
 
 TOOLS = ToolSet([search, open])
 REACT = ReactFormat()
+MISSING = "missing ] after the argument"
 _PIECES = st.lists(st.sampled_from(["Thought: ", "Action: search[", "Action: answer[", "Action:", "[", "]", "].",
                                     "\n", " ", "Lumen", "Observation:", "Obs"]), max_size=10).map("".join)
 
@@ -76,9 +70,10 @@ def test_action_end_balances_brackets_on_one_line() -> None:
     [
         ("Action: search[Blue River]. more", Action(kind="tool", name="search", arguments={"query": "Blue River"})),
         ("Action: answer[Lumen]]", Action(kind="answer", answer="Lumen")),  # the tail after ] is ignored
-        ("Thought: [x] first\nAction: open[Ada Stone]", Action(kind="tool", name="open", arguments={"title": "Ada Stone"})),
-        ("Action: search[x\nmore]", Action(kind="invalid", name="search", error="missing ] after the argument")),
-        ("Action: search[x Observation: y]", Action(kind="invalid", name="search", error="missing ] after the argument")),
+        ("Thought: [x] first\nAction: open[Ada Stone]",
+         Action(kind="tool", name="open", arguments={"title": "Ada Stone"})),
+        ("Action: search[x\nmore]", Action(kind="invalid", name="search", error=MISSING)),
+        ("Action: search[x Observation: y]", Action(kind="invalid", name="search", error=MISSING)),
     ],
 )
 def test_react_parse_stops_where_the_turn_stops(text: str, expected: Action) -> None:

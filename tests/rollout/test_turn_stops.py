@@ -12,8 +12,9 @@ import pytest
 import torch
 from helpers_tiny import tiny_model
 
-from tracerl.agent.formats import OBSERVATION_MARK, ReactFormat, get_format
+from tracerl.agent.formats import ReactFormat, get_format
 from tracerl.agent.search_r1 import SearchR1Format
+from tracerl.agent.turn_end import OBSERVATION_MARK
 from tracerl.core.types import Task
 from tracerl.envs.base import EnvConfig, ToolEnvironment
 from tracerl.envs.data import Document
@@ -187,7 +188,9 @@ def test_search_r1_turn_ends_at_any_tool_closing_tag(doc_env, tok) -> None:
     thought = "<think> I could <search> Blue River </search> later </think> "
 
     def plan(prefix: str) -> str:
-        return thought + "<open> Ada Stone </open>" + RUN_ON if "<information>Ada" not in prefix else "<answer> Lumen </answer>"
+        if "<information>Ada" in prefix:  # the instruction itself mentions <information>
+            return "<answer> Lumen </answer>"
+        return thought + "<open> Ada Stone </open>" + RUN_ON
 
     (tree,), _ = _engine(StreamPolicy(tok, plan), doc_env, fmt=fmt).rollout([TASK], [1], seed=0)
     traj = next(iter(tree.trajectories.values()))

@@ -43,9 +43,9 @@ from tracerl.agent.formats import (
     error_text,
     parse_tagged,
     render_tagged_action,
-    tagged_ends_turn,
     tool_listing,
 )
+from tracerl.agent.turn_end import tagged_ends_turn
 from tracerl.core.types import Action, Task
 from tracerl.envs.base import Observation
 from tracerl.envs.tools import ToolSet

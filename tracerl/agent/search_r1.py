@@ -21,7 +21,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tracerl.agent.formats import AgentFormat, _tool_action, _why, encode_prompt, tagged_ends_turn
+from tracerl.agent.formats import AgentFormat, _tool_action, _why, encode_prompt
+from tracerl.agent.turn_end import tagged_ends_turn
 from tracerl.core.types import Action, Task
 from tracerl.envs.base import Observation
 from tracerl.envs.tools import ToolSet

@@ -15,10 +15,10 @@ with its task and environment snapshots, until :meth:`RolloutEngine.forget`, so 
 Seeds: every episode (a chain, or one continuation of a branch) has its own seed, derived from
 the call's seed, its tree id, the node it starts from and its branch index there (the count of
 continuations started from that node before it, in request order), and each turn's generate
-row is seeded with ``(episode seed, turn index)`` (``(episode seed, turn index, segment)`` for a
-turn that samples on after a stop that did not end it, see below). With a backend that honours per-row seeds
-(:class:`~tracerl.models.backend.HFPolicy` does) a trajectory therefore does not depend on the
-batch it ran in.
+row is seeded with ``(episode seed, turn index)`` (``(episode seed, turn index, segment)`` for
+a turn that samples on after a stop that did not end it, see below). With a backend that
+honours per-row seeds (:class:`~tracerl.models.backend.HFPolicy` does) a trajectory therefore
+does not depend on the batch it ran in.
 
 Scheduling (``EngineConfig.vllm_scheduling``): with a backend that takes one request at a time
 (:class:`~tracerl.rollout.independent.RequestStream`: ``VLLMPolicy``) episodes advance
@@ -337,9 +337,8 @@ class RolloutEngine:
 
         A turn that samples on after a stop that did not end it continues from its partial turn,
         seeded ``(episode seed, turn, segment)``."""
-        seed = derive_seed(live.seed, len(live.turns), live.segments) if live.segments else derive_seed(live.seed, len(live.turns))
         prefix = live.ids + (live.partial.token_ids if live.partial else [])
-        return prefix, self._turn_room(live), seed
+        return prefix, self._turn_room(live), _turn_seed(live)
 
     def _params(self, max_new_tokens: int) -> SamplingParams:
         cfg = self.config
@@ -460,6 +459,14 @@ class RolloutEngine:
             else:
                 hi = mid - 1
         return best if best is not None else ids[:limit]
+
+
+def _turn_seed(live: _Live) -> int:
+    """Seed of the episode's next generate row: ``(seed, turn)``, plus the segment when the turn
+    samples on after a stop that did not end it (a fresh stream for the rest of the turn)."""
+    if live.segments:
+        return derive_seed(live.seed, len(live.turns), live.segments)
+    return derive_seed(live.seed, len(live.turns))
 
 
 def _call_seed(seed: int | None, generator: torch.Generator | None) -> int:
