@@ -129,7 +129,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--preset", default="small", choices=["small", "qwen3-0.6b"])
     parser.add_argument("--no-prefix-cache", action="store_true", help="Disable the cross-call KV store.")
-    parser.add_argument("--ragged-eos-logit", type=float, default=8.0,
+    parser.add_argument("--ragged-eos-logit", type=float, default=6.0,
                         help="EOS strength of the ragged-turns workload of the vLLM scheduling comparison (0: skip it).")
     parser.add_argument("--out", default=None, help="JSON path (default depends on --backend).")
     args = parser.parse_args()
