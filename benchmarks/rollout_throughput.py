@@ -16,11 +16,20 @@ same number of leaves per task:
 tasks and batches (HF first: vLLM's in-process CPU worker rebinds threads), and writes
 ``benchmarks/results/rollout_throughput_backends.json`` unless ``--out`` says otherwise. vLLM
 needs its own environment (``make vllm``; run with ``.venv-vllm/bin/python``).
+
+vLLM scheduling (``rollout.engine.vllm_scheduling``): the vLLM numbers are with ``independent``
+requests (the default); ``vllm.scheduling`` in the JSON compares ``independent`` with
+``lockstep`` on the same engine, equal leaves, chains and branching, on two workloads: the
+random model as is (every turn runs to ``--turn-tokens``) and ``ragged_turns`` (the same model
+with EOS made likely in some contexts, ``--ragged-eos-logit``, so turns end at different
+lengths, as real agents' do). Both schedules sample the same trajectories (checked).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import hashlib
 import json
 import os
 import platform
@@ -64,6 +73,25 @@ def random_policy(texts: list[str], hidden: int, layers: int, preset: str = "sma
     return HFPolicy(AutoModelForCausalLM.from_config(config).eval(), tokenizer)
 
 
+def ragged_model(model: Any, eos: int, strength: float) -> Any:
+    """A copy of ``model`` whose EOS logit is ``strength`` x the final hidden state's component 0
+    (~N(0, 1) by context): embedding column 0 is zeroed for every token but EOS. Turns then end
+    at EOS after a context-dependent number of tokens instead of all at the token limit."""
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        emb[:, 0] = 0.0
+        emb[eos, 0] = strength
+    return model
+
+
+def trees_digest(trees: list[RolloutTree]) -> str:
+    """A short hash of the trees' structure and tokens (equal digests: the same trajectories)."""
+    parts = [(t.tree_id, n.parent, n.turn.assistant_ids, n.turn.observation_ids)
+             for t in trees for n in t.nodes if n.turn is not None]
+    return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
+
+
 def branch_requests(engine: RolloutEngine, trees: list[RolloutTree], extra: int) -> list[tuple[RolloutTree, int, int]]:
     """Spread ``extra`` continuations per tree over its deepest open boundaries (root if none)."""
     requests = []
@@ -101,6 +129,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--preset", default="small", choices=["small", "qwen3-0.6b"])
     parser.add_argument("--no-prefix-cache", action="store_true", help="Disable the cross-call KV store.")
+    parser.add_argument("--ragged-eos-logit", type=float, default=6.0,
+                        help="EOS strength of the ragged-turns workload of the vLLM scheduling comparison (0: skip it).")
     parser.add_argument("--out", default=None, help="JSON path (default depends on --backend).")
     args = parser.parse_args()
     args.backends = [b.strip() for b in args.backend.split(",") if b.strip()]
@@ -114,10 +144,14 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def run_schemes(policy: Any, env: ToolEnvironment, tasks: list, args: argparse.Namespace) -> dict:
-    """Chains vs branching at equal leaves through one backend: the summary of each and the saving."""
+def run_schemes(policy: Any, env: ToolEnvironment, tasks: list, args: argparse.Namespace,
+                scheduling: str = "independent") -> dict:
+    """Chains vs branching at equal leaves through one backend: the summary of each and the saving.
+
+    ``scheduling`` is ``rollout.engine.vllm_scheduling`` (the HF backend always runs lockstep)."""
     fmt = get_format("react")
-    config = EngineConfig(max_turns=args.max_turns, max_turn_tokens=args.turn_tokens, max_total_tokens=1024)
+    config = EngineConfig(max_turns=args.max_turns, max_turn_tokens=args.turn_tokens, max_total_tokens=1024,
+                          vllm_scheduling=scheduling)
     gen = torch.Generator(device=args.device if isinstance(policy, HFPolicy) else "cpu").manual_seed(0)
     engine = RolloutEngine(policy, env, fmt, exact_match, config)
     engine.rollout(tasks[:2], [2, 2], generator=gen)  # warm-up
@@ -132,7 +166,7 @@ def run_schemes(policy: Any, env: ToolEnvironment, tasks: list, args: argparse.N
 
     def summary(cost: RolloutCost, seconds: float, trees: list[RolloutTree], before: dict, after: dict) -> dict:
         leaves = sum(len(t.leaves()) for t in trees)
-        return {
+        out = {
             "prefill_tokens": after["prefill_tokens"] - before["prefill_tokens"],
             "reused_prefix_tokens": after["reused_prefix_tokens"] - before["reused_prefix_tokens"],
             "leaves": leaves,
@@ -143,7 +177,11 @@ def run_schemes(policy: Any, env: ToolEnvironment, tasks: list, args: argparse.N
             "generated_tokens_per_leaf": round(cost.generated_tokens / leaves, 2),
             "seconds_per_leaf": round(seconds / leaves, 4),
             "mean_turns": round(sum(len(tr.turns) for t in trees for tr in t.trajectories.values()) / leaves, 2),
+            "trees_digest": trees_digest(trees),
         }
+        if "engine_steps" in after:  # vLLM
+            out["engine_steps"] = after["engine_steps"] - before["engine_steps"]
+        return out
 
     chain_summary = summary(chain_cost, chain_s, chains, stats0, stats1)
     tree_summary = summary(tree_cost, root_s + branch_s, roots, stats1, stats2)
@@ -155,6 +193,45 @@ def run_schemes(policy: Any, env: ToolEnvironment, tasks: list, args: argparse.N
         "tokens_saved_fraction": round(saved, 3),
         "branching_vs_chains_seconds_per_leaf": round(tree_summary["seconds_per_leaf"] / chain_summary["seconds_per_leaf"], 3),
     }
+
+
+def compare_scheduling(independent: list[dict], lockstep: list[dict]) -> dict:
+    """Independent vs lockstep vLLM requests on one workload (equal leaves, same trajectories):
+    per scheme, each schedule's fastest run (all runs' seconds listed)."""
+    keys = ("seconds", "generated_tokens", "generated_tokens_per_s", "engine_steps", "seconds_per_leaf", "mean_turns")
+    out: dict[str, Any] = {}
+    for scheme in ("chains", "branching"):
+        ind = min((r[scheme] for r in independent), key=lambda x: x["seconds"])
+        lock = min((r[scheme] for r in lockstep), key=lambda x: x["seconds"])
+        digests = {r[scheme]["trees_digest"] for r in independent + lockstep}
+        out[scheme] = {
+            "independent": {k: ind[k] for k in keys}, "lockstep": {k: lock[k] for k in keys},
+            "independent_seconds_all": [r[scheme]["seconds"] for r in independent],
+            "lockstep_seconds_all": [r[scheme]["seconds"] for r in lockstep],
+            "independent_over_lockstep_seconds": round(ind["seconds"] / lock["seconds"], 3),
+            "independent_over_lockstep_engine_steps": round(ind["engine_steps"] / lock["engine_steps"], 3),
+            "same_trajectories": len(digests) == 1,
+        }
+    return out
+
+
+def run_vllm_scheduling(served: Any, policy: HFPolicy, env: ToolEnvironment, tasks: list,
+                        args: argparse.Namespace, independent: dict) -> dict:
+    """``vllm.scheduling``: two runs of each schedule per workload in ABBA order (the uniform
+    workload's first independent run is the one already made), fastest of each compared; then
+    the same on ragged turns (the ragged weights pushed into the same engine)."""
+    lockstep = [run_schemes(served, env, tasks, args, "lockstep") for _ in range(2)]
+    again = run_schemes(served, env, tasks, args, "independent")
+    out = {"uniform_turns": compare_scheduling([independent, again], lockstep)}
+    if args.ragged_eos_logit > 0:
+        eos = policy.tokenizer.eos_token_id
+        served.sync_weights(ragged_model(policy.model, eos, args.ragged_eos_logit), version=1)
+        runs: dict[str, list[dict]] = {"independent": [], "lockstep": []}
+        for scheduling in ("lockstep", "independent", "independent", "lockstep"):
+            runs[scheduling].append(run_schemes(served, env, tasks, args, scheduling))
+        out["ragged_turns"] = compare_scheduling(runs["independent"], runs["lockstep"])
+        out["ragged_turns"]["eos_logit"] = args.ragged_eos_logit
+    return out
 
 
 def vllm_policy(policy: HFPolicy, args: argparse.Namespace) -> tuple[Any, float]:
@@ -194,9 +271,10 @@ def main() -> None:
             results["hf"] = run_schemes(policy, env, tasks, args)
         else:
             served, start_s = vllm_policy(policy, args)
-            results["vllm"] = run_schemes(served, env, tasks, args)
+            results["vllm"] = run_schemes(served, env, tasks, args, "independent")
             results["vllm"]["engine_start_s"] = round(start_s, 1)
             results["vllm"]["torch_threads"] = torch.get_num_threads()
+            results["vllm"]["scheduling"] = run_vllm_scheduling(served, policy, env, tasks, args, results["vllm"])
             served.close()
     setup = {
         "model": args.model or f"random Qwen3 preset={args.preset} hidden={policy.model.config.hidden_size} "
@@ -210,6 +288,8 @@ def main() -> None:
     if args.backends == ["hf"]:  # the original file's layout, keys unchanged
         result = {**results["hf"], "setup": setup}
         result.pop("branching_vs_chains_seconds_per_leaf")
+        for scheme in ("chains", "branching"):
+            result[scheme].pop("trees_digest")
     else:
         setup["load_average_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
         setup["vllm_eager"] = args.vllm_eager

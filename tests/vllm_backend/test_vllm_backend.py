@@ -99,6 +99,39 @@ def test_readiness_through_prompt_logprobs_matches_hf_scorer(facts: dict) -> Non
     assert facts["readiness_max_abs_diff"] < LOGPROB_TOL
 
 
+def test_independent_scheduling_gives_the_lockstep_trees(facts: dict) -> None:
+    """4 tasks x 3 chains, then 2 continuations from depths 1 and 2 of each first chain, through
+    the executor: independent requests (continuous batching across turns) return the same deltas
+    as lockstep turns: tokens, masks, observations, node ids, trajectories and the expansion
+    requests chosen from them. vLLM's CPU sampling is batch-invariant here: the sampled log-probs
+    agree bitwise (measured max |diff| 0.0); the bound leaves room for other CPUs' kernels."""
+    s = facts["scheduling"]
+    assert s["differing_records"] == [] and s["structure_equal"] and s["requests_equal"]
+    assert s["expand_requests"] > 0 and s["lockstep_leaves"] == s["independent_leaves"] == 12 + 2 * s["expand_requests"]
+    assert s["logprob_count"][0] == s["logprob_count"][1] >= s["lockstep_generated_tokens"] > 0  # nodes + leaves
+    assert s["logprob_max_abs_diff"] < 1e-6
+    assert len(s["lockstep_turn_lengths"]) >= 4  # turns of different lengths: episodes drift apart
+
+
+def test_independent_scheduling_mixes_turns_in_engine_steps(facts: dict) -> None:
+    """One request per lockstep row (a turn, or a piece of one); some engine steps ran requests of
+    different rounds together (never in lockstep, where the schedule counters stay zero)."""
+    s = facts["scheduling"]
+    assert s["independent_schedule"]["requests"] == s["independent_backend_requests"] == s["lockstep_backend_requests"]
+    assert s["lockstep_backend_requests"] >= s["lockstep_turns"] > 0
+    assert s["independent_schedule"]["mixed_turn_steps"] > 0
+    assert s["independent_schedule"]["engine_steps"] == s["independent_engine_steps"]
+    assert s["lockstep_schedule"] == {"requests": 0, "engine_steps": 0, "mixed_turn_steps": 0}
+
+
+def test_aborted_requests_leave_the_engine_idle(facts: dict) -> None:
+    """Two 200-token requests, one engine step, both aborted: nothing left running (the prefix
+    cache reset succeeded) and generate() works again."""
+    abort = facts["scheduling"]["abort"]
+    assert abort["distinct_ids"] and abort["finished_in_one_step"] < 2  # at least one was still running
+    assert abort["idle"] and abort["generate_after"] == 4
+
+
 def test_train_smoke_with_vllm_backend(tmp_path: Path) -> None:
     """The acceptance path: 3 steps of ``tracerl train trace --smoke --set model.backend=vllm``; the
     trainer's recomputed log-probs match the sampler's at every step (weights synced each update)."""

