@@ -5,7 +5,8 @@ per-row seeds, ``sync_weights``); :func:`tracerl.models.factory.make_backend` pi
 implementation from ``model.backend`` (``hf``: :class:`HFPolicy`; ``vllm``: ``VLLMPolicy``). :class:`HFPolicy` wraps
 any Hugging Face causal LM with a hand-written sampling loop (KV cache, left padding, explicit
 position ids, per-row stop strings), which is about twice as fast as ``model.generate`` on tiny
-models and lets us record exactly the log-probs the trainer will recompute.
+models and lets us record exactly the log-probs the trainer will recompute. Its prefill (suffix
+buckets over reused KV, hidden-state recording) lives in :mod:`tracerl.models.prefill`.
 
 Conventions (shared with pretraining and the trainer):
 
@@ -19,8 +20,6 @@ Conventions (shared with pretraining and the trainer):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -29,15 +28,8 @@ import torch
 from tracerl.agent.formats import encode_prompt  # noqa: F401 - re-exported (its home moved to the formats)
 from tracerl.models.heads import split_head
 from tracerl.models.sampling import same_device, sample_next, sample_next_seeded  # noqa: F401 - re-exported
-from tracerl.models.prefix_cache import (
-    KVEntry,
-    PrefixKVStore,
-    forward_with_cache,
-    left_pad,
-    new_cache,
-    output_cache,
-    plain_dynamic,
-)
+from tracerl.models.prefill import prefill
+from tracerl.models.prefix_cache import KVEntry, PrefixKVStore, forward_with_cache, output_cache, plain_dynamic
 
 FinishReason = Literal["stop", "eos", "length"]
 
@@ -122,28 +114,6 @@ class _StopChecker:
         tail = self.tokenizer.decode(generated[-self.window :], skip_special_tokens=False)
         return any(s in tail for s in self.stop_strings)
 
-
-@contextmanager
-def _last_state_hook(model: Any) -> Iterator[list[torch.Tensor]]:
-    """Collect the decoder's last hidden state at the last position [B, H] of the forwards run
-    inside (a forward hook on the decoder, whose output is the final norm's: no extra forward,
-    and only the last column is kept). ``model`` None, or a model without a separable decoder:
-    nothing is collected."""
-    grabbed: list[torch.Tensor] = []
-    split = split_head(model) if model is not None else None
-    if split is None:
-        yield grabbed
-        return
-
-    def hook(module: Any, args: Any, output: Any) -> None:
-        hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
-        grabbed.append(hidden[:, -1, :].detach())
-
-    handle = split[0].register_forward_hook(hook)
-    try:
-        yield grabbed
-    finally:
-        handle.remove()
 
 
 class HFPolicy:
@@ -308,77 +278,8 @@ class HFPolicy:
     def _prefill(
         self, seqs: list[list[int]], hits: list[tuple[KVEntry | None, int]]
     ) -> tuple[torch.Tensor, Any, torch.Tensor, list[list[float]] | None]:
-        """Prefill the uncached suffixes; returns last logits [U, V], cache, mask [U, W] and, when
-        recording states, each row's last-token hidden state [H] (else None).
-
-        Rows are bucketed by suffix length (within a factor 2) so one long new prompt does not
-        pad every short observation suffix to its length; buckets are merged by left padding.
-        """
-        order = sorted(range(len(seqs)), key=lambda i: -(len(seqs[i]) - hits[i][1]))
-        buckets: list[list[int]] = []
-        for i in order:
-            if buckets and 2 * (len(seqs[i]) - hits[i][1]) >= len(seqs[buckets[-1][0]]) - hits[buckets[-1][0]][1]:
-                buckets[-1].append(i)
-            else:
-                buckets.append([i])
-        parts = [self._prefill_bucket([seqs[i] for i in b], [hits[i] for i in b]) for b in buckets]
-        flat = [i for b in buckets for i in b]
-        position = {row: slot for slot, row in enumerate(flat)}
-        inverse = torch.tensor([position[row] for row in range(len(flat))], device=parts[0][0].device)
-        states = None
-        if all(st is not None for *_, st in parts):  # one device-to-host copy for all rows
-            states = torch.cat([st for *_, st in parts])[inverse].float().cpu().tolist()  # type: ignore[misc]
-        if len(parts) == 1:
-            logits, cache, mask, _ = parts[0]
-            if flat != sorted(flat):
-                cache.batch_select_indices(inverse)
-            return logits[inverse], cache, mask[inverse], states
-        width = max(m.shape[1] for _, _, m, _ in parts)
-        merged = new_cache(self.model)
-        for layer in range(len(parts[0][1].layers)):
-            keys = [left_pad(c.layers[layer].keys, width, dim=2) for _, c, _, _ in parts]
-            values = [left_pad(c.layers[layer].values, width, dim=2) for _, c, _, _ in parts]
-            merged.update(torch.cat(keys)[inverse], torch.cat(values)[inverse], layer)
-        mask = torch.cat([left_pad(m, width, dim=1) for _, _, m, _ in parts])[inverse]
-        logits = torch.cat([lg for lg, _, _, _ in parts])[inverse]
-        return logits, merged, mask, states
-
-    def _prefill_bucket(
-        self, seqs: list[list[int]], hits: list[tuple[KVEntry | None, int]]
-    ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor | None]:
-        """Row layout: [pad][stored KV c_r][pad][suffix s_r], suffixes right-aligned (so column -1
-        is every row's last token, whose hidden state is the row's state when recording)."""
-        device = self.device
-        rows = len(seqs)
-        cached = max(k for _, k in hits)
-        width = max(len(p) - k for p, (_, k) in zip(seqs, hits))
-        cache = new_cache(self.model)
-        if cached > 0:
-            sample = next(e for e, k in hits if k > 0).layers  # type: ignore[union-attr]
-            for layer, (k0, _) in enumerate(sample):
-                keys = k0.new_zeros((rows, k0.shape[0], cached, k0.shape[2]))
-                values = torch.zeros_like(keys)
-                for r, (entry, k) in enumerate(hits):
-                    if k > 0:
-                        keys[r, :, cached - k :] = entry.layers[layer][0][:, :k]  # type: ignore[union-attr]
-                        values[r, :, cached - k :] = entry.layers[layer][1][:, :k]  # type: ignore[union-attr]
-                cache.update(keys, values, layer)
-        # Built as Python lists and sent to the model's device in one copy each.
-        ids, mask, positions = [], [], []
-        for seq, (_, k) in zip(seqs, hits):
-            suffix = len(seq) - k
-            ids.append([self.pad_token_id] * (width - suffix) + seq[k:])
-            mask.append([0] * (cached - k) + [1] * k + [0] * (width - suffix) + [1] * suffix)
-            # Explicit positions: a padded row sees the same positions as an unpadded one.
-            positions.append([0] * (width - suffix) + list(range(k, len(seq))))
-        ids_t = torch.tensor(ids, dtype=torch.long, device=device)
-        mask_t = torch.tensor(mask, dtype=torch.long, device=device)
-        positions_t = torch.tensor(positions, dtype=torch.long, device=device)
-        with _last_state_hook(self.model if self.record_states else None) as state:
-            out = forward_with_cache(
-                self.model, ids_t, cache, attention_mask=mask_t, position_ids=positions_t, logits_to_keep=1
-            )
-        return out.logits[:, -1, :], output_cache(out), mask_t, state[0] if state else None
+        """:func:`~tracerl.models.prefill.prefill` with this policy's model, pad id and ``record_states``."""
+        return prefill(self.model, seqs, hits, self.pad_token_id, self.record_states)
 
     # --- decode ----------------------------------------------------------------------------
 
