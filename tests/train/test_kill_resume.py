@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from tracerl.train import loop as loop_module
+from tracerl.train import runstate as runstate_module
 from tracerl.train.config import TrainConfig, resolve_config
 from tracerl.train.loop import NonFiniteTrainingError, Trainer
 from tracerl.train.metrics import is_timing_key, read_metrics
@@ -60,14 +61,14 @@ def kill_at_save(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
     Patch with a ``MonkeyPatch.context()``: undoing the test's own ``monkeypatch`` would also undo
     conftest's cache isolation.
     """
-    real = loop_module.save_checkpoint
+    real = runstate_module.save_checkpoint
 
     def save(run_dir: Path, at: int, *args: Any) -> Path:
         if at == step:
             raise SimulatedKill(f"killed before checkpoint {at}")
         return real(run_dir, at, *args)
 
-    monkeypatch.setattr(loop_module, "save_checkpoint", save)
+    monkeypatch.setattr(runstate_module, "save_checkpoint", save)
 
 
 def test_a_kill_between_metrics_line_and_checkpoint_reruns_the_lost_steps_exactly_once(tmp_path: Path) -> None:

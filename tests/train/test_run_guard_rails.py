@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers_tiny import bpe_tokenizer, tiny_model
 
-from tracerl.train import loop as loop_module
+from tracerl.train import runstate as runstate_module
 from tracerl.train.checkpoint import prune_checkpoints
 from tracerl.train.config import TrainConfig, resolve_config
 from tracerl.train.loop import Trainer
@@ -39,7 +39,7 @@ def test_rollout_files_follow_the_checkpoint_across_a_kill(tmp_path: Path, monke
     """Killed just before checkpoint 3: its metrics line and rollout file are on disk but the
     checkpoint is step 2. Resume drops step 3's file, reruns the step and writes the same bytes."""
     config = cheap("steps=3", "log.checkpoint_every=2")
-    real = loop_module.save_checkpoint
+    real = runstate_module.save_checkpoint
 
     def save(run_dir: Path, at: int, *args: Any, **kwargs: Any) -> Path:
         if at == 3:
@@ -48,7 +48,7 @@ def test_rollout_files_follow_the_checkpoint_across_a_kill(tmp_path: Path, monke
 
     killed = Trainer(config, tmp_path)
     with monkeypatch.context() as patch:
-        patch.setattr(loop_module, "save_checkpoint", save)
+        patch.setattr(runstate_module, "save_checkpoint", save)
         with pytest.raises(SimulatedKill):
             killed.run()
     killed.close()

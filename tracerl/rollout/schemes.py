@@ -18,6 +18,7 @@ rollouts and generated tokens, spec section 1) and the batch's effective ratio.
 * ``trace`` (TRACE allocation, spec section 3): stage 1 allocates root rollouts over the pool
   from the success predictor; stage 2 spends the rest on prefixes after observations.
 
+Outcome statistics (groups, mixed, effective ratio) live in :mod:`tracerl.rollout.outcomes`.
 All schemes spend exactly ``M`` rollouts when the pool is large enough; see each class for the
 cases where that is impossible. The schemes never train the predictor: the trainer calls
 ``predictor.update(result.trees)`` after the step (once readiness scores exist).
@@ -38,6 +39,13 @@ from tracerl.core.registry import Registry
 from tracerl.core.types import RolloutTree, Task
 from tracerl.rollout.engine import RolloutCost
 from tracerl.rollout.executor import ScoreFn
+from tracerl.rollout.outcomes import (  # noqa: F401 - group_outcomes, is_mixed re-exported (home: outcomes.py)
+    _summary,
+    _valid_rewards,
+    effective_ratio,
+    group_outcomes,
+    is_mixed,
+)
 from tracerl.rollout.session import RolloutSession, as_session
 
 if TYPE_CHECKING:
@@ -154,42 +162,6 @@ class RolloutScheme(Protocol):
 
 
 # --------------------------------------------------------------------------- helpers
-def _valid_rewards(tree: RolloutTree) -> list[float]:
-    return [t.reward for t in tree.trajectories.values() if not t.infra_failed]
-
-
-def group_outcomes(trees: Sequence[RolloutTree]) -> dict[str, list[float]]:
-    """Rewards of the finished, non-infra-failed leaves of each prompt (task id), all trees pooled."""
-    groups: dict[str, list[float]] = {}
-    for tree in trees:
-        groups.setdefault(tree.task_id, []).extend(_valid_rewards(tree))
-    return groups
-
-
-def is_mixed(rewards: Sequence[float]) -> bool:
-    """At least one success (r > 0.5) and one failure (r <= 0.5), spec section 1."""
-    return any(r > 0.5 for r in rewards) and any(r <= 0.5 for r in rewards)
-
-
-def effective_ratio(trees: Sequence[RolloutTree]) -> float:
-    """Share of the prompts in ``trees`` whose group is mixed (0.0 for an empty batch)."""
-    groups = group_outcomes(trees)
-    return sum(is_mixed(g) for g in groups.values()) / len(groups) if groups else 0.0
-
-
-def _summary(trees: Sequence[RolloutTree]) -> dict[str, float]:
-    groups = group_outcomes(trees)
-    mixed = [g for g in groups.values() if is_mixed(g)]
-    leaves = sum(len(g) for g in groups.values())
-    return {
-        "prompts": float(len(groups)),
-        "mixed_prompts": float(len(mixed)),
-        "leaves": float(leaves),
-        "informative_leaves": float(sum(len(g) for g in mixed)),
-        "success_rate": sum(r > 0.5 for g in groups.values() for r in g) / leaves if leaves else 0.0,
-    }
-
-
 def _result(
     trees: list[RolloutTree],
     cost: RolloutCost,

@@ -1,4 +1,4 @@
-"""Training configuration: one dataclass per component, presets as named overlays.
+"""Training configuration: one dataclass per component, presets as named overlays (train/presets.py).
 
 Resolution order: defaults < preset < ``--smoke`` overlay < YAML file < ``--set a.b=value``.
 Every field is validated when the config is built, so a bad run fails before it starts,
@@ -7,7 +7,7 @@ naming the field and the allowed values.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,11 +24,12 @@ from tracerl.envs.environments import ENVIRONMENTS, load_tools
 from tracerl.envs.verifiers import VERIFIERS
 from tracerl.models.factory import BACKENDS, VLLM_MISSING, vllm_available, vllm_missing
 from tracerl.models.lora import PEFT_MISSING, peft_available
-from tracerl.models.tiny_config import DEFAULT_WORLD, SMOKE_WORLD
+from tracerl.models.tiny_config import DEFAULT_WORLD
 from tracerl.rollout.engine import EngineConfig
 from tracerl.rollout.schemes import SCHEMES, SchemeConfig
 from tracerl.train.config_checks import check_budget, check_device, check_extra, check_finite, check_model_source
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, to_dict
+from tracerl.train.presets import PRESETS, SMOKE
 
 
 def _one_of(section: str, name: str, value: Any, allowed: list[str] | tuple[str, ...]) -> None:
@@ -414,43 +415,6 @@ class TrainConfig:
     @property
     def uses_predictor(self) -> bool:
         return self.rollout.scheme == "trace"
-
-
-# Methods as presets (spec section 4): the same loop and budget, different scheme/estimator.
-PRESETS: dict[str, dict[str, Any]] = {
-    "grpo": {"rollout": {"scheme": "chain"}, "algo": {"estimator": "grpo"}},
-    "dapo": {"rollout": {"scheme": "dapo"}, "algo": {"estimator": "grpo"}},
-    "gigpo": {"rollout": {"scheme": "chain"}, "algo": {"estimator": "gigpo"}},
-    "gspo": {"rollout": {"scheme": "chain"}, "algo": {"estimator": "grpo", "policy_loss": "gspo"},
-             "optim": {"loss_agg": "seq-mean-token-mean"}},
-    "tree_grpo": {"rollout": {"scheme": "tree_random"}, "algo": {"estimator": "tree_grpo"}},
-    "trace_alloc": {"rollout": {"scheme": "trace"}, "algo": {"estimator": "tree_anchor"}},
-    "trace_credit": {"rollout": {"scheme": "chain"}, "algo": {"estimator": "trace_credit", "credit": True}},
-    "trace": {"rollout": {"scheme": "trace"}, "algo": {"estimator": "trace_credit", "credit": True}},
-}
-
-# Allocation 2x2 ablation (issue 13): trace_alloc with uniform roots and/or uniform prefixes; the
-# estimator, budget and everything else stay trace_alloc's (learned + learned is trace_alloc itself).
-PRESETS.update({
-    f"trace_alloc_{r[0]}{p[0]}": merge(PRESETS["trace_alloc"], {
-        "rollout": {"schemes": {"trace_roots": r, "trace_prefixes": p}}})
-    for r, p in (("uniform", "uniform"), ("uniform", "learned"), ("learned", "uniform"))
-})
-
-# `--smoke`: a randomly initialised tiny model on a tiny world; a few steps run in seconds.
-SMOKE: dict[str, Any] = {
-    "steps": 2,
-    "model": {"name_or_path": "random-tiny"},
-    "data": {
-        "train_worlds": 2,
-        "world": asdict(SMOKE_WORLD),  # the world the smoke tiny model knows
-    },
-    "rollout": {"budget": 16, "pool_size": 6, "engine": {"max_turns": 5, "max_turn_tokens": 16, "max_total_tokens": 512},
-                "schemes": {"group_size": 4, "tree_initial": 2, "tree_rounds": 1, "tree_expand_nodes": 2,
-                            "tree_continuations": 1}},
-    "optim": {"micro_batch_size": 8},
-    "eval": {"every": 0, "size": 8},
-}
 
 
 def resolve_config(

@@ -28,8 +28,6 @@ from tracerl.envs.coverage import check_tokenizer_coverage
 from tracerl.envs.health import ToolHealth
 from tracerl.envs.verifiers import get_verifier
 from tracerl.models.factory import make_backend, make_reference_engine
-from tracerl.models.loading import load_model
-from tracerl.models.threads import set_threads
 from tracerl.models.lora import apply_lora, trainable_parameters
 from tracerl.models.memory import enable_gradient_checkpointing
 from tracerl.models.precision import DTYPES, compute_context, grad_scaler
@@ -40,34 +38,13 @@ from tracerl.rollout.evaluate import evaluate
 from tracerl.rollout.executor import LocalExecutor
 from tracerl.rollout.schemes import get_scheme
 from tracerl.rollout.session import RolloutSession
-from tracerl.train.checkpoint import (
-    LATEST,
-    RngState,
-    first_nonfinite,
-    latest_checkpoint,
-    load_policy_into,
-    load_trainer_state,
-    save_checkpoint,
-)
-from tracerl.train.config import TrainConfig, config_to_yaml
+from tracerl.train.config import TrainConfig
 from tracerl.train.data import load_task_data, take_pool
-from tracerl.train.initial import has_initial, initial_source, write_initial
 from tracerl.train.metrics import MetricsLog
 from tracerl.train.rollout_log import RolloutLog
-from tracerl.train.runfolder import (
-    LOCK_FILE,
-    RunFolderError,
-    RunLock,
-    discard_partial_run,
-    refuse_if_state,
-    remove_stale_temps,
-    write_atomic,
-)
+from tracerl.train.runstate import INITIAL, NonFiniteTrainingError, RunLifecycle  # noqa: F401 - INITIAL re-exported
 from tracerl.train.update import policy_update, update_settings, with_trainer_logprobs
 
-INITIAL = "initial"
-"""Run sub-folder with the initial policy (a copy, or a checked reference to an on-disk base
-model; see train/initial.py): the frozen reference is always rebuilt from it."""
 
 
 def lr_lambda(config: TrainConfig) -> Callable[[int], float]:
@@ -93,8 +70,11 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-class Trainer:
-    """Owns every component of a run; ``run()`` trains, ``step()`` is one training step."""
+class Trainer(RunLifecycle):
+    """Owns every component of a run; ``run()`` trains, ``step()`` is one training step.
+
+    The run folder's lifecycle (claim and lock, ``initial/``, :meth:`save`, resume, :meth:`close`)
+    is inherited from :class:`~tracerl.train.runstate.RunLifecycle`."""
 
     def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False,
                  echo: Callable[[str], None] | None = None) -> None:
@@ -111,55 +91,6 @@ class Trainer:
         except BaseException:
             self.close(discard=self.resume_from is None and not resume)
             raise
-
-    def _claim_run_folder(self, resume: bool) -> Path | None:
-        """Lock the folder, clear temporaries, check its state; the checkpoint to resume from."""
-        self._created_dir = not self.run_dir.exists()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.lock = RunLock(self.run_dir)
-        try:
-            remove_stale_temps(self.run_dir, holding_lock=True)
-            folder = latest_checkpoint(self.run_dir) if resume else None
-            if not resume:
-                refuse_if_state(self.run_dir)
-            elif folder is None:  # killed before the first checkpoint: nothing trained survives
-                discard_partial_run(self.run_dir)
-            if folder is None:
-                write_atomic(self.run_dir / "config.yaml", config_to_yaml(self.config).encode())
-            elif not has_initial(self.run_dir / INITIAL):
-                raise RunFolderError(f"{self.run_dir / INITIAL} is missing: the frozen reference of this run "
-                                     "cannot be rebuilt, so it cannot be resumed")
-        except BaseException:
-            self.lock.release()
-            raise
-        return folder
-
-    def _initial_policy(self) -> tuple[Any, Any]:
-        """The initial policy: read from ``initial/`` on resume, else built and ``initial/`` written
-        atomically (a reference for an on-disk base model, a copy otherwise; train/initial.py).
-        Sets the CPU thread count first (models/threads.py: loading and everything after use it)."""
-        cfg = self.config
-        set_threads(cfg.model.threads, cfg.model.device)
-        initial = self.run_dir / INITIAL
-        # A LoRA base is loaded on the CPU and moved once cast to the working precision
-        # (_prepare_policy), so the GPU never holds its float32 copy (2x the budgeted memory).
-        device = "cpu" if cfg.model.lora.r > 0 else cfg.model.device
-        if self.resume_from is not None:
-            source = initial_source(initial)  # a vanished or changed referenced base model is named here
-            try:
-                return load_model(source, dtype=cfg.model.dtype, device=device)
-            except (OSError, ValueError) as err:
-                raise RunFolderError(f"{source} is damaged ({type(err).__name__}: {err}); "
-                                     "the run cannot be resumed") from None
-        vocab = None
-        if cfg.model.name_or_path == "random-tiny":
-            from tracerl.models.tiny_data import vocabulary_texts
-            vocab = vocabulary_texts(cfg.data.world, self.fmt)
-        model, tokenizer = load_model(
-            cfg.model.name_or_path, vocabulary_texts=vocab, tiny_preset=cfg.model.tiny_preset,
-            dtype=cfg.model.dtype, device=device, seed=cfg.seed)
-        write_initial(initial, model, tokenizer, cfg.model.name_or_path)
-        return model, tokenizer
 
     def _build(self, cfg: TrainConfig) -> None:
         _seed_everything(cfg.seed)
@@ -400,81 +331,11 @@ class Trainer:
                 f"and were skipped ({streak} in a row, optim.max_nonfinite_steps={limit}); stopping. "
                 f"{self._last_good()}; lower optim.lr or check the rewards and rollout.engine.temperature")
 
-    def _last_good(self) -> str:
-        pointer = self.run_dir / LATEST
-        if not pointer.exists():
-            return "No checkpoint was written yet"
-        return f"The last good checkpoint is {self.run_dir / pointer.read_text().strip()} (LATEST)"
-
-    def save(self) -> Path:
-        """Checkpoint the current step (once: saving a step already in ``LATEST`` returns it).
-
-        Raises :class:`NonFiniteTrainingError` and writes nothing when a weight is NaN or infinite,
-        so ``LATEST`` stays on the previous good checkpoint.
-        """
-        current = latest_checkpoint(self.run_dir)
-        if current is not None and current.name == f"ckpt-{self.step_index:06d}":
-            return current
-        bad = first_nonfinite(self.model.named_parameters())
-        if bad is not None:
-            raise NonFiniteTrainingError(f"parameter {bad} is not finite at step {self.step_index}; "
-                                         f"not checkpointing it. {self._last_good()}")
-        state = {
-            "step": self.step_index,
-            "cursor": self.cursor,
-            "totals": dict(self.totals),
-            "nonfinite": dict(self.nonfinite),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "predictor": self.predictor.state_dict() if self.predictor is not None else None,
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "rng": RngState.capture(self.generator).to_dict(),
-        }
-        return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
-                               config_to_yaml(self.config), self.config.log.keep_last)
-
-    def _restore(self, folder: Path) -> None:
-        load_policy_into(self.model, folder)
-        state = load_trainer_state(folder)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.predictor is not None and state["predictor"] is not None:
-            self.predictor.load_state_dict(state["predictor"])
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.step_index, self.cursor, self.totals = state["step"], state["cursor"], state["totals"]
-        self.nonfinite = dict(state.get("nonfinite", self.nonfinite))
-        RngState.from_dict(state["rng"]).restore(self.generator)
-        self.executor.sync_weights(self.model, self.step_index)  # the backend samples from the loaded weights
-        self.log.truncate_after(self.step_index)
-        self.rollout_log.truncate_after(self.step_index)
-
-    def close(self, *, discard: bool = False) -> None:
-        """Release the run folder (idempotent). ``discard``: a fresh start failed during set-up,
-        so remove what it wrote (and the folder when this Trainer created it)."""
-        if getattr(self, "log", None) is not None:
-            self.log.close()
-        engine, self.reference_engine = getattr(self, "reference_engine", None), None
-        if engine is not None:
-            engine.close()
-        if discard and self.lock.held:
-            discard_partial_run(self.run_dir)
-            (self.run_dir / "config.yaml").unlink(missing_ok=True)
-            if self._created_dir and [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
-                (self.run_dir / LOCK_FILE).unlink()
-                self.lock.release()
-                self.run_dir.rmdir()
-        self.lock.release()
-
     def __enter__(self) -> Trainer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class NonFiniteTrainingError(RuntimeError):
-    """Training produced NaN/inf: too many skipped steps in a row, or non-finite weights at a save."""
 
 
 def _prepare_policy(model: Any, config: TrainConfig) -> Any:

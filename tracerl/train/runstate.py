@@ -1,0 +1,188 @@
+"""The run folder's lifecycle as the :class:`~tracerl.train.loop.Trainer` sees it.
+
+:class:`RunLifecycle` (the Trainer's base class) claims and locks the run folder, reads or writes
+its ``initial/`` policy, checkpoints the trainer's state (:meth:`RunLifecycle.save`), restores it
+on resume (:meth:`RunLifecycle._restore`) and releases the folder (:meth:`RunLifecycle.close`).
+The folder's files and their atomic writes are :mod:`tracerl.train.runfolder`'s, the checkpoint
+format :mod:`tracerl.train.checkpoint`'s; the training step is :mod:`tracerl.train.loop`'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tracerl.models.loading import load_model
+from tracerl.models.threads import set_threads
+from tracerl.train.checkpoint import (
+    LATEST,
+    RngState,
+    first_nonfinite,
+    latest_checkpoint,
+    load_policy_into,
+    load_trainer_state,
+    save_checkpoint,
+)
+from tracerl.train.config import TrainConfig, config_to_yaml
+from tracerl.train.initial import has_initial, initial_source, write_initial
+from tracerl.train.runfolder import (
+    LOCK_FILE,
+    RunFolderError,
+    RunLock,
+    discard_partial_run,
+    refuse_if_state,
+    remove_stale_temps,
+    write_atomic,
+)
+
+INITIAL = "initial"
+"""Run sub-folder with the initial policy (a copy, or a checked reference to an on-disk base
+model; see train/initial.py): the frozen reference is always rebuilt from it."""
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Training produced NaN/inf: too many skipped steps in a row, or non-finite weights at a save."""
+
+
+class RunLifecycle:
+    """The run-folder half of :class:`~tracerl.train.loop.Trainer` (its base class).
+
+    Uses the Trainer's ``config``, ``run_dir``, ``fmt``, the model, optimiser, scheduler, scaler,
+    predictor, generator, counters, executor and logs; :meth:`_claim_run_folder` sets ``lock``.
+    """
+
+    config: TrainConfig
+    run_dir: Path
+    resume_from: Path | None
+    lock: RunLock
+    _created_dir: bool
+    fmt: Any
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+    predictor: Any
+    generator: Any
+    executor: Any
+    log: Any
+    rollout_log: Any
+    step_index: int
+    cursor: int
+    totals: dict[str, int]
+    nonfinite: dict[str, int]
+
+    def _claim_run_folder(self, resume: bool) -> Path | None:
+        """Lock the folder, clear temporaries, check its state; the checkpoint to resume from."""
+        self._created_dir = not self.run_dir.exists()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = RunLock(self.run_dir)
+        try:
+            remove_stale_temps(self.run_dir, holding_lock=True)
+            folder = latest_checkpoint(self.run_dir) if resume else None
+            if not resume:
+                refuse_if_state(self.run_dir)
+            elif folder is None:  # killed before the first checkpoint: nothing trained survives
+                discard_partial_run(self.run_dir)
+            if folder is None:
+                write_atomic(self.run_dir / "config.yaml", config_to_yaml(self.config).encode())
+            elif not has_initial(self.run_dir / INITIAL):
+                raise RunFolderError(f"{self.run_dir / INITIAL} is missing: the frozen reference of this run "
+                                     "cannot be rebuilt, so it cannot be resumed")
+        except BaseException:
+            self.lock.release()
+            raise
+        return folder
+
+    def _initial_policy(self) -> tuple[Any, Any]:
+        """The initial policy: read from ``initial/`` on resume, else built and ``initial/`` written
+        atomically (a reference for an on-disk base model, a copy otherwise; train/initial.py).
+        Sets the CPU thread count first (models/threads.py: loading and everything after use it)."""
+        cfg = self.config
+        set_threads(cfg.model.threads, cfg.model.device)
+        initial = self.run_dir / INITIAL
+        # A LoRA base is loaded on the CPU and moved once cast to the working precision
+        # (_prepare_policy), so the GPU never holds its float32 copy (2x the budgeted memory).
+        device = "cpu" if cfg.model.lora.r > 0 else cfg.model.device
+        if self.resume_from is not None:
+            source = initial_source(initial)  # a vanished or changed referenced base model is named here
+            try:
+                return load_model(source, dtype=cfg.model.dtype, device=device)
+            except (OSError, ValueError) as err:
+                raise RunFolderError(f"{source} is damaged ({type(err).__name__}: {err}); "
+                                     "the run cannot be resumed") from None
+        vocab = None
+        if cfg.model.name_or_path == "random-tiny":
+            from tracerl.models.tiny_data import vocabulary_texts
+            vocab = vocabulary_texts(cfg.data.world, self.fmt)
+        model, tokenizer = load_model(
+            cfg.model.name_or_path, vocabulary_texts=vocab, tiny_preset=cfg.model.tiny_preset,
+            dtype=cfg.model.dtype, device=device, seed=cfg.seed)
+        write_initial(initial, model, tokenizer, cfg.model.name_or_path)
+        return model, tokenizer
+
+    def _last_good(self) -> str:
+        pointer = self.run_dir / LATEST
+        if not pointer.exists():
+            return "No checkpoint was written yet"
+        return f"The last good checkpoint is {self.run_dir / pointer.read_text().strip()} (LATEST)"
+
+    def save(self) -> Path:
+        """Checkpoint the current step (once: saving a step already in ``LATEST`` returns it).
+
+        Raises :class:`NonFiniteTrainingError` and writes nothing when a weight is NaN or infinite,
+        so ``LATEST`` stays on the previous good checkpoint.
+        """
+        current = latest_checkpoint(self.run_dir)
+        if current is not None and current.name == f"ckpt-{self.step_index:06d}":
+            return current
+        bad = first_nonfinite(self.model.named_parameters())
+        if bad is not None:
+            raise NonFiniteTrainingError(f"parameter {bad} is not finite at step {self.step_index}; "
+                                         f"not checkpointing it. {self._last_good()}")
+        state = {
+            "step": self.step_index,
+            "cursor": self.cursor,
+            "totals": dict(self.totals),
+            "nonfinite": dict(self.nonfinite),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "predictor": self.predictor.state_dict() if self.predictor is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "rng": RngState.capture(self.generator).to_dict(),
+        }
+        return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
+                               config_to_yaml(self.config), self.config.log.keep_last)
+
+    def _restore(self, folder: Path) -> None:
+        load_policy_into(self.model, folder)
+        state = load_trainer_state(folder)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.predictor is not None and state["predictor"] is not None:
+            self.predictor.load_state_dict(state["predictor"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step_index, self.cursor, self.totals = state["step"], state["cursor"], state["totals"]
+        self.nonfinite = dict(state.get("nonfinite", self.nonfinite))
+        RngState.from_dict(state["rng"]).restore(self.generator)
+        self.executor.sync_weights(self.model, self.step_index)  # the backend samples from the loaded weights
+        self.log.truncate_after(self.step_index)
+        self.rollout_log.truncate_after(self.step_index)
+
+    def close(self, *, discard: bool = False) -> None:
+        """Release the run folder (idempotent). ``discard``: a fresh start failed during set-up,
+        so remove what it wrote (and the folder when this Trainer created it)."""
+        if getattr(self, "log", None) is not None:
+            self.log.close()
+        engine, self.reference_engine = getattr(self, "reference_engine", None), None
+        if engine is not None:
+            engine.close()
+        if discard and self.lock.held:
+            discard_partial_run(self.run_dir)
+            (self.run_dir / "config.yaml").unlink(missing_ok=True)
+            if self._created_dir and [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
+                (self.run_dir / LOCK_FILE).unlink()
+                self.lock.release()
+                self.run_dir.rmdir()
+        self.lock.release()
