@@ -78,9 +78,9 @@ def test_tree_nodes_carry_the_state_of_their_prefix_through_the_executor(recordi
     trees, _ = session.start(w.train[:2], [3, 3], ["a", "b"])
     copies = {t.tree_id: t for t in trees}  # the driver's copies, rebuilt from deltas
     recorded = 0
-    for tree_id, copy in copies.items():
+    for tree_id, mirror in copies.items():
         held = engine.tree(tree_id)
-        for node, mine in zip(held.nodes, copy.nodes):
+        for node, mine in zip(held.nodes, mirror.nodes):
             assert mine.hidden == node.hidden
             if node.is_leaf:
                 assert node.hidden is None  # no turn starts at a leaf

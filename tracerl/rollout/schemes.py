@@ -26,7 +26,6 @@ cases where that is impossible. The schemes never train the predictor: the train
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,7 +33,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from tracerl.core.allocation import allocate_prefixes, allocate_roots, root_value
 from tracerl.core.registry import Registry
 from tracerl.core.types import RolloutTree, Task
 from tracerl.rollout.engine import RolloutCost

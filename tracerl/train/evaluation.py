@@ -88,6 +88,6 @@ def _run_data(config: TrainConfig, engine_config: Any, tasks_path: str | None,
 
     data = load_task_data(config.data, engine_config, config.seed)
     if not data.held_out:
-        raise ValueError(f"the run's data has no held-out tasks (data.eval_tasks is empty); "
+        raise ValueError("the run's data has no held-out tasks (data.eval_tasks is empty); "
                          "give --tasks and --corpus")
     return data.held_out, data.environment

@@ -9,7 +9,6 @@ checkpoint.
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
 import warnings
