@@ -235,7 +235,9 @@ class Trainer(RunLifecycle):
                                     self.update_settings, self.tokenizer.pad_token_id, reference, self.scaler)
             for key, value in metrics.items():  # counts add up over the optimiser steps; the rest is averaged
                 merged[key] = merged.get(key, 0.0) + (value if key in _COUNT_KEYS else value / len(chunks))
-        self.scheduler.step()
+        with warnings.catch_warnings():  # the schedule follows RL steps, also those whose update was skipped
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+            self.scheduler.step()
         return merged
 
     def _record(self, result: Any, trajectories: list[Trajectory], update: dict[str, float],
