@@ -116,3 +116,16 @@ def test_trained_tokens_count_every_optimiser_step_of_a_batch(tmp_path: Path) ->
                      tmp_path / str(updates)) as trainer:
             counts.append(trainer.run(1)[0]["trained_tokens"])
     assert counts[0] > 0 and counts[1] == counts[0]
+
+
+def test_evaluation_leaves_no_prefix_kv_for_the_next_training_step(tmp_path: Path) -> None:
+    """A resumed run starts with an empty prefix store, so evaluation must not hand its KV to training."""
+    trainer = Trainer(smoke_config("grpo", "steps=1"), tmp_path)
+    store = trainer.backend.store
+    assert store is not None
+    added = []
+    original = store.add
+    store.add = lambda *a, **k: (added.append(1), original(*a, **k))[1]  # type: ignore[method-assign]
+    trainer.evaluate(trainer.data.held_out)
+    assert added, "evaluation stored no prefix, so this test checks nothing"
+    assert len(store) == 0

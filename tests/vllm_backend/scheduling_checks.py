@@ -135,7 +135,7 @@ def _abort_check(policy: Any, tok: Any) -> dict:
     ids = [policy.submit(prefix, long, seed) for seed in (1, 2)]
     finished = policy.poll()
     policy.abort(ids)
-    policy.reset_prefix_cache()
+    policy.clear_prefix_cache()
     after = policy.generate([prefix], SamplingParams(max_new_tokens=4), seeds=[3])
     return {"distinct_ids": len(set(ids)) == 2, "finished_in_one_step": len(finished),
             "idle": not policy.llm.llm_engine.has_unfinished_requests(), "generate_after": len(after[0].token_ids)}

@@ -97,6 +97,10 @@ class PolicyBackend(Protocol):
 
     def sync_weights(self, model_or_state: Any, version: int) -> None: ...
 
+    def clear_prefix_cache(self) -> None:
+        """Drop every stored prefix KV (``sync_weights`` does it; so does the trainer after evaluating)."""
+        ...
+
 
 class _StopChecker:
     """Per-row stop-string detection on a short decoded tail (avoids O(n^2) decoding)."""

@@ -303,10 +303,10 @@ class VLLMPolicy:
             raise RuntimeError("the vLLM engine is asleep; call wake_up() before sync_weights()")
         blob = state_dict_bytes(model_or_state)
         self.llm.collective_rpc("tracerl_load_weights", args=(blob,))
-        self.reset_prefix_cache()
+        self.clear_prefix_cache()
         self.version = int(version)
 
-    def reset_prefix_cache(self) -> None:
+    def clear_prefix_cache(self) -> None:
         """Drop every cached prefix block (``sync_weights`` does it after each update)."""
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")

@@ -275,6 +275,9 @@ class Trainer(RunLifecycle):
         generator = torch.Generator().manual_seed(self.config.seed + 7919 * self.step_index)
         with self._compute():
             report = evaluate(self.eval_engine, tasks[: self.config.eval.size], samples=1, generator=generator)
+        # Evaluation's prefixes must not serve the next training step: a resumed run starts with an
+        # empty store, and KV recomputed in other batch shapes may differ in the last bits on a GPU.
+        self.backend.clear_prefix_cache()
         return {f"{label}_accuracy": report.metrics["em"], f"{label}_f1": report.metrics["f1"],
                 f"{label}_turns": report.metrics["mean_turns"]}
 
