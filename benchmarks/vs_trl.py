@@ -24,8 +24,9 @@ Throughputs: ``generation_tokens_per_s`` (policy-sampled tokens per second of sa
 costs) and ``update_forwarded_tokens_per_s`` (only the tokens of rows the update forwards: tracerl
 skips rows whose advantage is zero everywhere, which gives the same gradient without a KL term,
 while TRL forwards every row; this one compares the raw forward/backward speed). TRL does not stop on
-the react stop string ``Observation:`` (tracerl does), so a completion that calls a tool instead
-of answering runs on to EOS or the length cap in TRL; compare tokens per second, not per step.
+the react turn's end (tracerl ends a turn at its action's closing bracket, or ``Observation:``), so
+a completion that calls a tool instead of answering runs on to EOS or the length cap in TRL; compare
+tokens per second, not per step.
 
 TRL is installed only in a separate environment (never in the project's dependencies):
 
