@@ -10,7 +10,7 @@ import torch
 from helpers_tiny import tiny_model
 
 from tracerl.core.types import Action, Trajectory, Turn
-from tracerl.train.config import ConfigError, resolve_config
+from tracerl.train.config import ConfigError, ModelConfig, resolve_config
 from tracerl.train.loop import Trainer
 from tracerl.train.update import UpdateSettings, token_logprobs, with_trainer_logprobs
 
@@ -36,6 +36,15 @@ def test_backend_is_validated_at_config_load(monkeypatch: pytest.MonkeyPatch) ->
         resolve_config("grpo", overrides=["optim.recompute_old_logprobs=sometimes"])
     with pytest.raises(ConfigError, match=r"model.vllm_gpu_memory_utilization must be in \(0, 1\]"):
         resolve_config("grpo", overrides=["model.vllm_gpu_memory_utilization=1.5"])
+
+
+def test_vllm_sleep_needs_the_vllm_backend_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="model.vllm_sleep needs model.backend = 'vllm' \\(got 'hf'\\)"):
+        resolve_config("grpo", overrides=["model.vllm_sleep=true"])
+    _hide_vllm(monkeypatch, present=True)
+    with pytest.raises(ConfigError, match="model.vllm_sleep needs model.device = 'cuda' \\(got 'cpu'\\)"):
+        resolve_config("grpo", overrides=["model.backend=vllm", "model.vllm_sleep=true", "model.device=cpu"])
+    assert ModelConfig(backend="vllm", vllm_sleep=True, device="cuda").vllm_sleep  # the section itself is valid
 
 
 def _trajectory(prompt: list[int], turns: list[tuple[list[int], list[int], list[float]]]) -> Trajectory:

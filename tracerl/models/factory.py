@@ -40,7 +40,8 @@ def make_backend(config: Any, model: Any, tokenizer: Any, *, seed: int = 0) -> P
             raise ValueError(VLLM_MISSING)
         from tracerl.models.vllm_backend import VLLMPolicy  # optional extra: imported on demand only
 
-        return VLLMPolicy(model, tokenizer, gpu_memory_utilization=config.vllm_gpu_memory_utilization, seed=seed)
+        return VLLMPolicy(model, tokenizer, gpu_memory_utilization=config.vllm_gpu_memory_utilization, seed=seed,
+                          enable_sleep_mode=bool(getattr(config, "vllm_sleep", False)))
     raise ValueError(f"model.backend = {name!r} is not valid; allowed values: {', '.join(BACKENDS)}")
 
 

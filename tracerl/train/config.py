@@ -198,6 +198,10 @@ class ModelConfig:
     or ``vllm`` (``pip install 'tracerl[vllm]'``; weights pushed after every update)."""
     vllm_gpu_memory_utilization: float = 0.5
     """``vllm`` only: share of the GPU memory vLLM may take (the trainer keeps the rest)."""
+    vllm_sleep: bool = False
+    """``vllm`` on CUDA only: put the engine to sleep (level 1: weights offloaded to host memory, KV
+    cache freed) while the update runs, and wake it before the weights are pushed, so the update
+    can use the memory the engine's KV cache holds. vLLM has no sleep mode on CPU."""
 
     def __post_init__(self) -> None:
         _registered("model", "format", self.format, FORMATS)
@@ -205,6 +209,11 @@ class ModelConfig:
         if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
             raise ConfigError(f"model.vllm_gpu_memory_utilization must be in (0, 1], "
                               f"got {self.vllm_gpu_memory_utilization}")
+        if self.vllm_sleep and self.backend != "vllm":
+            raise ConfigError(f"model.vllm_sleep needs model.backend = 'vllm' (got {self.backend!r})")
+        if self.vllm_sleep and not self.device.startswith("cuda"):
+            raise ConfigError(f"model.vllm_sleep needs model.device = 'cuda' (got {self.device!r}): "
+                              "vLLM's sleep mode is CUDA/ROCm only")
         if self.backend == "vllm" and not vllm_available():
             raise ConfigError(VLLM_MISSING)
         _one_of("model", "dtype", self.dtype, ["float32", "bfloat16", "float16"])

@@ -184,7 +184,11 @@ class Trainer(RunLifecycle):
         advantages = self.estimator(batch, cfg.algo.advantage)
         clock = self._phase_end(timings, "advantages", clock)
 
+        if cfg.model.vllm_sleep:  # the engine's KV memory serves the update, its weights wait on the host
+            self.backend.sleep(level=1)
         update = self._update([(t, a) for t, a in zip(trajectories, advantages) if not t.infra_failed])
+        if cfg.model.vllm_sleep:
+            self.backend.wake_up()
         self.executor.sync_weights(self.model, self.step_index + 1)  # the backend samples from the new weights
         clock = self._phase_end(timings, "update", clock)
 
