@@ -48,6 +48,18 @@ DEV_MODEL: list[str] = ["model.name_or_path=tiny", "model.tiny_preset=smoke"]
 smoke world's names and the react format a little), for development runs."""
 
 
+BENCH_SETTING: list[str] = [
+    "model.tiny_preset=bench",  # pretrained on 200 worlds without look-alike names (tiny_config.py)
+    "data.world.distractors=0",  # the names the bench model knows
+    "data.world.max_hops=3",
+    "data.search_top_k=3",
+    "optim.lr=1e-3",
+]
+"""The sample-efficiency testbed (issue 13): 1-3 hop questions on a world without look-alike
+distractor names, three search results per call, the ``bench`` tiny model. Chosen by the lever
+measurements in benchmarks/README.md ("Choosing the setting", ``results/testbed_levers.json``)."""
+
+
 def add_config_args(parser: argparse.ArgumentParser, *, hard: bool = True) -> None:
     """``--set``, ``--smoke``, ``--dev-model``, ``--hard``, ``--threads``, ``--work-dir``."""
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE",
@@ -64,11 +76,15 @@ def add_config_args(parser: argparse.ArgumentParser, *, hard: bool = True) -> No
                         help="Scratch folder for run folders (deleted and recreated per run).")
 
 
-def setting_overrides(args: argparse.Namespace, base: list[str], tail: tuple[str, ...] = ()) -> list[str]:
-    """The overrides a benchmark applies: its base knobs, the setting, its ``tail``, the dev model, then --set."""
+def setting_overrides(args: argparse.Namespace, base: list[str], tail: tuple[str, ...] = (),
+                      setting: list[str] | None = None) -> list[str]:
+    """The overrides a benchmark applies: its base knobs, the setting (default the demo's
+    :data:`LEARNABLE_SETTING`, plus :data:`HARD_SETTING` with ``--hard``), its ``tail``, the dev
+    model, then --set."""
     out = list(base)
     if not args.smoke:  # the smoke world stays as --smoke defines it
-        out += LEARNABLE_SETTING + (HARD_SETTING if getattr(args, "hard", False) else [])
+        chosen = LEARNABLE_SETTING if setting is None else setting
+        out += chosen + (HARD_SETTING if getattr(args, "hard", False) else [])
     out += list(tail)
     if args.smoke and args.dev_model:
         out += DEV_MODEL
@@ -189,6 +205,35 @@ def _title(name: str, data: dict[str, Any]) -> str:
     return f"**{name}**" + (" (`--quick` run)" if data.get("quick") else "")
 
 
+def _pm(stats: dict[str, Any] | None) -> str:
+    """``mean ± std`` of a per-hop summary (percent)."""
+    if not stats or stats.get("mean") is None:
+        return "-"
+    spread = f" ± {100 * stats['std']:.1f}" if stats.get("std") is not None else ""
+    return f"{100 * stats['mean']:.1f}{spread}%"
+
+
+def _hops_table(name: str, data: dict[str, Any]) -> str:
+    """The sample-efficiency table with final accuracy per hop count (issue 13 and later)."""
+    methods = data["methods"]
+    hops = sorted({h for m in methods.values() for h in m.get("final_accuracy_by_hops", {})}, key=int)
+    rows = [[n, _fmt(m["final_accuracy_mean"], True), _fmt(m["final_accuracy_std"], True),
+             *(_pm(m.get("final_accuracy_by_hops", {}).get(h)) for h in hops),
+             _fmt(m.get("train_accuracy_mean"), True), _fmt(m.get("redrawn_accuracy_mean"), True),
+             _fmt(m["effective_ratio_mean"]), _fmt(m["tokens_to_grpo_final"]), _fmt(m.get("rollouts_to_grpo_final")),
+             _fmt(m.get("tokens_fraction_of_grpo")), _fmt(m.get("tokens_to_90pct_grpo_final"))]
+            for n, m in methods.items()]
+    setting = data.get("setting", {})
+    base = data.get("base_accuracy_by_hops", {})
+    base_text = ", ".join(f"{h}-hop {_fmt(v, True)}" for h, v in base.items())
+    return (_title(name, data) + f" ({setting.get('seeds')} seeds x {setting.get('steps')} steps, lr {setting.get('lr')}, "
+            f"tiny preset {setting.get('tiny_preset')}, greedy base accuracy {_fmt(data.get('base_accuracy'), True)}"
+            f"{': ' + base_text if base_text else ''})\n\n" + _table(
+                ["method", "unseen-world acc", "std", *(f"{h}-hop (mean ± std)" for h in hops), "seen-world acc",
+                 "re-drawn facts acc", "effective ratio", "tokens to GRPO final", "rollouts to GRPO final",
+                 "fraction of GRPO tokens", "tokens to 90% of GRPO final"], rows))
+
+
 def markdown_tables(results: Path = RESULTS) -> str:
     """The README tables from whichever result files exist."""
     parts = []
@@ -200,6 +245,9 @@ def markdown_tables(results: Path = RESULTS) -> str:
                      + _table(["cuts", "length", "cached", "naive"], rows))
     for path in sorted(results.glob("sample_efficiency*.json")):  # the main sweep, then its variants
         data = json.loads(path.read_text())
+        if any(m.get("final_accuracy_by_hops") for m in data["methods"].values()):
+            parts.append(_hops_table(path.stem, data))
+            continue
         rows = [[name, _fmt(m["final_accuracy_mean"], True), _fmt(m["final_accuracy_std"], True),
                  _fmt(m.get("train_accuracy_mean"), True), _fmt(m.get("redrawn_accuracy_mean"), True),
                  _fmt(m["effective_ratio_mean"]), _fmt(m["tokens_to_grpo_final"]),

@@ -148,6 +148,10 @@ def _check_explorer(cfg: ExplorerConfig) -> None:
         raise ValueError("ExplorerConfig.top_k and doc_max_tokens must be >= 1")
 
 
+BENCH_WORLD = WorldConfig(num_people=250, num_cities=125, num_countries=20, num_books=125, num_bands=75,
+                          num_companies=105, distractors=0)
+"""The benchmark's world: the embedded world's sizes without look-alike distractor names."""
+
 SMOKE_WORLD = WorldConfig(num_people=24, num_cities=12, num_countries=6, num_books=10, num_bands=8,
                           num_companies=10, max_hops=2, num_train=20, num_test=10)
 
@@ -163,6 +167,8 @@ PRESETS: dict[str, TinyModelConfig] = {
     # world); base accuracy on the demo's 1-2 hop questions 6.5% / 1.0% vs 6.0% / 0.0%.
     # Not yet measured end to end with RL.
     "two_layer": TinyModelConfig(num_layers=2, steps=8400, batch_size=1, warmup_steps=100),
+    # The sample-efficiency benchmark's model (benchmarks/README.md, "Choosing the setting").
+    "bench": TinyModelConfig(world=BENCH_WORLD, num_worlds=200, steps=4200, warmup_steps=100),
     # Seconds on a CPU: for tests and smoke runs; knows the format and the tiny world's text well
     # enough to answer some one-hop questions, so a few RL steps see mixed groups.
     "smoke": TinyModelConfig(hidden_size=48, num_layers=2, num_heads=3, head_dim=32, intermediate_size=96,

@@ -342,8 +342,10 @@ class Trainer:
         generator = torch.Generator().manual_seed(self.config.seed + 7919 * self.step_index)
         with self._compute():
             report = evaluate(self.eval_engine, tasks[: self.config.eval.size], samples=1, generator=generator)
+        by_hops = {f"{label}_accuracy_hops{key[len('em_hops'):]}": value
+                   for key, value in report.metrics.items() if key.startswith("em_hops")}
         return {f"{label}_accuracy": report.metrics["em"], f"{label}_f1": report.metrics["f1"],
-                f"{label}_turns": report.metrics["mean_turns"]}
+                f"{label}_turns": report.metrics["mean_turns"], **by_hops}
 
     # --- the run ----------------------------------------------------------------------------
 
