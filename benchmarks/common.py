@@ -53,6 +53,8 @@ BENCH_SETTING: list[str] = [
     "data.world.distractors=0",  # the names the bench model knows
     "data.world.max_hops=3",
     "data.search_top_k=3",
+    "rollout.engine.max_turns=6",  # a 3-hop question needs 4 turns
+    "rollout.engine.max_turn_tokens=64",  # a turn is ~15 tokens; caps the cost of run-on turns
     "optim.lr=1e-3",
 ]
 """The sample-efficiency testbed (issue 13): 1-3 hop questions on a world without look-alike
@@ -234,6 +236,27 @@ def _hops_table(name: str, data: dict[str, Any]) -> str:
                  "fraction of GRPO tokens", "tokens to 90% of GRPO final"], rows))
 
 
+def _hops(values: dict[str, float] | None) -> str:
+    """``a / b / c`` percent per hop count 1, 2, 3 (``-`` where absent)."""
+    values = values or {}
+    return " / ".join(_fmt(values.get(h), True) for h in ("1", "2", "3"))
+
+
+def _levers_table(data: dict[str, Any]) -> str:
+    """One row per lever setting measured by testbed_levers.py (issue 13's choice of setting)."""
+    rows = []
+    for label, r in data["rows"].items():
+        final = r.get("final", {})
+        rows.append([label, " ".join(f"`{o}`" for o in r["overrides"]) or "-", _hops(r["base"]["sampled"]),
+                     _fmt(r["base"].get("sampled_turns")), _hops(r["base"]["greedy"]),
+                     f"{r['method']} {r['steps']}" if r["steps"] else "-", _hops(final.get("by_hops")) if final else "-",
+                     _fmt(r.get("step_seconds_mean")), _fmt(r.get("base_seconds"))])
+    return ("**testbed_levers** (unseen world, 200 questions; sampled: 2 episodes per question at the rollout "
+            "temperature; per hop count 1 / 2 / 3)\n\n" + _table(
+                ["label", "overrides", "base sampled success", "base turns", "base greedy", "trained",
+                 "final greedy accuracy", "s / step", "base eval s"], rows))
+
+
 def markdown_tables(results: Path = RESULTS) -> str:
     """The README tables from whichever result files exist."""
     parts = []
@@ -258,6 +281,9 @@ def markdown_tables(results: Path = RESULTS) -> str:
                      f"lr {setting.get('lr')}, base accuracy {_fmt(data.get('base_accuracy'), True)})\n\n" + _table(
             ["method", "unseen-world acc", "std", "seen-world acc", "re-drawn facts acc", "effective ratio",
              "tokens to GRPO final", "fraction of GRPO tokens", "tokens to 90% of GRPO final"], rows))
+    path = results / "testbed_levers.json"
+    if path.exists():
+        parts.append(_levers_table(json.loads(path.read_text())))
     for path in sorted(results.glob("allocation_effective_ratio*.json")):
         data = json.loads(path.read_text())
         setup, world = data["setup"], data["world"]

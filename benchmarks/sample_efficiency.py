@@ -70,7 +70,7 @@ GRPO needs about 50 steps to find the one-hop strategy and creeps up for 150 mor
 method reached its plateau within 20-40 steps; that sweep is ``sample_efficiency_lr1e-3.json``:
 ``--set optim.lr=1e-3 --steps 100 --seeds 3``)."""
 SETTINGS: dict[str, tuple[list[str], tuple[str, ...]]] = {
-    "bench": (BENCH_SETTING, ()),
+    "bench": (BENCH_SETTING, ("eval.every=20",)),
     "demo": (LEARNABLE_SETTING, SLOWER),
 }
 """``--setting``: the named setting and the tail applied after it."""
@@ -126,7 +126,8 @@ def run_one(preset: str, seed: int, overrides: list[str], args: argparse.Namespa
               for r in records if r.get("eval_accuracy") is not None]
     # the final point uses the larger final evaluation
     curve[-1].update(accuracy=finals["unseen"], accuracy_by_hops=finals_by_hops["unseen"])
-    print(f"{preset:>12} seed {seed}: unseen {finals['unseen']:.3f} train {finals['train']:.3f} "
+    hops = " ".join(f"{h}-hop {v:.2f}" for h, v in finals_by_hops.get("unseen", {}).items())
+    print(f"{preset:>12} seed {seed}: unseen {finals['unseen']:.3f} ({hops}) train {finals['train']:.3f} "
           f"eff {mean([r['effective_ratio'] for r in records]):.3f} tokens {records[-1]['total_generated_tokens']} "
           f"({seconds:.0f} s)", flush=True)
     return {

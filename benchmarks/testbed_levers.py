@@ -67,7 +67,7 @@ def main() -> None:
 
     args = _args()
     configure_torch(args.threads)
-    overrides = RUN + list(args.overrides) + [f"seed={args.seed}", f"steps={args.steps}",
+    overrides = RUN + list(args.overrides) + [f"seed={args.seed}", f"steps={max(1, args.steps)}",
                                               f"eval.every={args.eval_every}"]
     config = resolve(args.method, overrides, False)
     trainer = Trainer(config, fresh_dir(args.work_dir / args.label))
