@@ -54,7 +54,7 @@ BENCH_SETTING: list[str] = [
     "data.world.max_hops=3",
     "data.search_top_k=3",
     "rollout.engine.max_turns=6",  # a 3-hop question needs 4 turns
-    "rollout.engine.max_turn_tokens=64",  # a turn is ~15 tokens; caps the cost of run-on turns
+    "rollout.engine.max_turn_tokens=32",  # a turn is ~9 tokens; caps the cost of run-on turns
     "optim.lr=1e-3",
 ]
 """The sample-efficiency testbed (issue 13): 1-3 hop questions on a world without look-alike
@@ -94,9 +94,18 @@ def setting_overrides(args: argparse.Namespace, base: list[str], tail: tuple[str
 
 
 def configure_torch(threads: int) -> None:
+    """torch intra-op threads for this process and the trainers it builds.
+
+    The trainer applies ``model.threads`` (0: ``$TRACERL_THREADS`` or all available cores) when it
+    is built, so the count is also exported as ``TRACERL_THREADS``: without it every run took
+    both cores and its threads spun against the other processes (steps 10-50x slower on a
+    loaded 2-core machine)."""
+    import os
+
     import torch
 
     if threads:
+        os.environ["TRACERL_THREADS"] = str(threads)
         torch.set_num_threads(threads)
 
 
@@ -267,6 +276,8 @@ def markdown_tables(results: Path = RESULTS) -> str:
         parts.append(_title("reference_scoring", data) + " (time / one forward pass)\n\n"
                      + _table(["cuts", "length", "cached", "naive"], rows))
     for path in sorted(results.glob("sample_efficiency*.json")):  # the main sweep, then its variants
+        if "shard" in path.stem:  # shards are summarised by their merge
+            continue
         data = json.loads(path.read_text())
         if any(m.get("final_accuracy_by_hops") for m in data["methods"].values()):
             parts.append(_hops_table(path.stem, data))

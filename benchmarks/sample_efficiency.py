@@ -9,14 +9,17 @@ facts. At the end each run is also evaluated on training-split questions of a se
 and of a world whose facts were re-drawn (memorisation check): what generalises shows as a small
 gap between the seen-world and the unseen-world accuracy.
 
-Setting (recorded in the JSON): the embedded tiny model on SynthWiki in the demo's setting,
-:data:`common.LEARNABLE_SETTING` (1-2 hop questions, two search results per call, the default
-world's look-alike distractor names), at the library's learning rate 3e-4 (:data:`SLOWER`) rather
-than the demo's 1e-3; ``--hard`` for 1-4 hops (:data:`common.HARD_SETTING`, where nothing moved within a
-sweep's time); ``--set a.b=value`` changes anything (e.g. ``--set data.world.min_hops=2``).
+Setting (recorded in the JSON): by default (``--setting bench``) issue 13's testbed,
+:data:`common.BENCH_SETTING`: 1-3 hop questions on a world without look-alike distractor names,
+three search results per call, at most 6 turns of at most 64 tokens, the ``bench`` tiny model, lr
+1e-3, evaluation every 20 steps. ``--setting demo`` is the sweep before issue 13: the demo's
+setting (:data:`common.LEARNABLE_SETTING`, 1-2 hops, two results per call, the default world's
+look-alike names) at the library's learning rate 3e-4 (:data:`SLOWER`); ``--hard`` adds
+:data:`common.HARD_SETTING`; ``--set a.b=value`` changes anything.
 
 Summary per method (``methods`` in the JSON; stable keys): ``final_accuracy_mean``/``_std``
-(unseen world, over seeds), ``effective_ratio_mean`` (over steps and seeds),
+(unseen world, over seeds), ``final_accuracy_by_hops`` (``{"1": {"mean", "std", "seeds"}, "2": ...}``,
+unseen world, per hop count), ``effective_ratio_mean`` (over steps and seeds),
 ``tokens_to_grpo_final`` (cumulative generated tokens at the first evaluation where the seed-mean
 accuracy reaches GRPO's final seed-mean accuracy; null when never reached) plus
 ``rollouts_to_grpo_final``, ``tokens_fraction_of_grpo`` (that over GRPO's total tokens),
@@ -27,7 +30,7 @@ initial model at all; when it did not, GRPO's final accuracy is reached at step 
 ``tokens_to_grpo_final`` is 0, which then says nothing about sample efficiency.
 
     python benchmarks/sample_efficiency.py --quick   # 7 presets x 1 seed x 4 steps: ~2 min on 2 cores
-    python benchmarks/sample_efficiency.py           # 7 presets x 5 seeds x 200 steps: ~130 min of one core
+    python benchmarks/sample_efficiency.py --steps 120   # the testbed sweep: one seed of 5 presets ~25-30 min of one core
 
 Shards: ``--methods``/``--seed-list`` with ``--out`` run part of the sweep (one process per core),
 ``--merge A.json B.json`` summarises the shards into ``--out``.
@@ -63,7 +66,7 @@ from common import (
 
 METHODS = ("grpo", "dapo", "gigpo", "tree_grpo", "trace_alloc", "trace_credit", "trace")
 BASE = ["rollout.budget=64", "rollout.pool_size=16", "rollout.schemes.group_size=8", "eval.every=10",
-        "eval.size=100", "log.checkpoint_every=1000000"]
+        "eval.size=100", "log.checkpoint_every=1000000", "log.rollouts=false"]
 SLOWER = ("optim.lr=3e-4",)
 """After the demo's setting: the library's default learning rate instead of the demo's 1e-3, so that
 GRPO needs about 50 steps to find the one-hop strategy and creeps up for 150 more (at 1e-3 every

@@ -131,13 +131,16 @@ class TinyModelConfig:
 
     def hash(self) -> str:
         """Stable key of this config (and the resolved precision) for the cache folder."""
-        payload = json.dumps({"v": _CACHE_VERSION, "config": self.to_dict(),
+        config = self.to_dict()
+        if not self.explorer.guided:  # added later: unguided presets keep the hash (and cache) they had
+            del config["explorer"]["guided"]
+        payload = json.dumps({"v": _CACHE_VERSION, "config": config,
                               "precision": resolve_precision(self.precision)}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def _check_explorer(cfg: ExplorerConfig) -> None:
-    for name in ("focus", "open_prob"):
+    for name in ("focus", "open_prob", "guided"):
         value = getattr(cfg, name)
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"ExplorerConfig.{name} must be in [0, 1], got {value}")
@@ -169,6 +172,10 @@ PRESETS: dict[str, TinyModelConfig] = {
     "two_layer": TinyModelConfig(num_layers=2, steps=8400, batch_size=1, warmup_steps=100),
     # The sample-efficiency benchmark's model (benchmarks/README.md, "Choosing the setting").
     "bench": TinyModelConfig(world=BENCH_WORLD, num_worlds=200, steps=4200, warmup_steps=100),
+    # bench plus 20% demonstrations (gold search path, then the gold answer) among the episodes.
+    "bench_guided": TinyModelConfig(world=BENCH_WORLD, num_worlds=200, steps=2100, warmup_steps=100,
+                                    explorer=ExplorerConfig(focus=1.0, search_count_weights=(0.35, 0.3, 0.2, 0.15),
+                                                            top_k=3, guided=0.2)),
     # Seconds on a CPU: for tests and smoke runs; knows the format and the tiny world's text well
     # enough to answer some one-hop questions, so a few RL steps see mixed groups.
     "smoke": TinyModelConfig(hidden_size=48, num_layers=2, num_heads=3, head_dim=32, intermediate_size=96,
