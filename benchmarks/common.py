@@ -256,13 +256,14 @@ def _levers_table(data: dict[str, Any]) -> str:
     rows = []
     for label, r in data["rows"].items():
         final = r.get("final", {})
-        rows.append([label, " ".join(f"`{o}`" for o in r["overrides"]) or "-", _hops(r["base"]["sampled"]),
+        rows.append([label, " ".join(f"`{o}`" for o in r["overrides"]) or "-", str(r.get("eval_questions", "-")),
+                     _hops(r["base"]["sampled"]),
                      _fmt(r["base"].get("sampled_turns")), _hops(r["base"]["greedy"]),
                      f"{r['method']} {r['steps']}" if r["steps"] else "-", _hops(final.get("by_hops")) if final else "-",
                      _fmt(r.get("step_seconds_mean")), _fmt(r.get("base_seconds"))])
-    return ("**testbed_levers** (unseen world, 200 questions; sampled: 2 episodes per question at the rollout "
-            "temperature; per hop count 1 / 2 / 3)\n\n" + _table(
-                ["label", "overrides", "base sampled success", "base turns", "base greedy", "trained",
+    return ("**testbed_levers** (unseen world; sampled: 2 episodes per question at the rollout temperature; "
+            "per hop count 1 / 2 / 3)\n\n" + _table(
+                ["label", "overrides", "questions", "base sampled success", "base turns", "base greedy", "trained",
                  "final greedy accuracy", "s / step", "base eval s"], rows))
 
 
