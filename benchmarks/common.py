@@ -48,6 +48,20 @@ DEV_MODEL: list[str] = ["model.name_or_path=tiny", "model.tiny_preset=smoke"]
 smoke world's names and the react format a little), for development runs."""
 
 
+BENCH_SETTING: list[str] = [
+    "model.tiny_preset=bench",  # pretrained on 200 worlds without look-alike names (tiny_config.py)
+    "data.world.distractors=0",  # the names the bench model knows
+    "data.world.max_hops=3",
+    "data.search_top_k=3",
+    "rollout.engine.max_turns=6",  # a 3-hop question needs 4 turns
+    "rollout.engine.max_turn_tokens=32",  # a turn is ~9 tokens; caps the cost of run-on turns
+    "optim.lr=1e-3",
+]
+"""The sample-efficiency testbed (issue 13): 1-3 hop questions on a world without look-alike
+distractor names, three search results per call, the ``bench`` tiny model. Chosen by the lever
+measurements in benchmarks/README.md ("Choosing the setting", ``results/testbed_levers.json``)."""
+
+
 def add_config_args(parser: argparse.ArgumentParser, *, hard: bool = True) -> None:
     """``--set``, ``--smoke``, ``--dev-model``, ``--hard``, ``--threads``, ``--work-dir``."""
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE",
@@ -64,11 +78,15 @@ def add_config_args(parser: argparse.ArgumentParser, *, hard: bool = True) -> No
                         help="Scratch folder for run folders (deleted and recreated per run).")
 
 
-def setting_overrides(args: argparse.Namespace, base: list[str], tail: tuple[str, ...] = ()) -> list[str]:
-    """The overrides a benchmark applies: its base knobs, the setting, its ``tail``, the dev model, then --set."""
+def setting_overrides(args: argparse.Namespace, base: list[str], tail: tuple[str, ...] = (),
+                      setting: list[str] | None = None) -> list[str]:
+    """The overrides a benchmark applies: its base knobs, the setting (default the demo's
+    :data:`LEARNABLE_SETTING`, plus :data:`HARD_SETTING` with ``--hard``), its ``tail``, the dev
+    model, then --set."""
     out = list(base)
     if not args.smoke:  # the smoke world stays as --smoke defines it
-        out += LEARNABLE_SETTING + (HARD_SETTING if getattr(args, "hard", False) else [])
+        chosen = LEARNABLE_SETTING if setting is None else setting
+        out += chosen + (HARD_SETTING if getattr(args, "hard", False) else [])
     out += list(tail)
     if args.smoke and args.dev_model:
         out += DEV_MODEL
@@ -76,9 +94,18 @@ def setting_overrides(args: argparse.Namespace, base: list[str], tail: tuple[str
 
 
 def configure_torch(threads: int) -> None:
+    """torch intra-op threads for this process and the trainers it builds.
+
+    The trainer applies ``model.threads`` (0: ``$TRACERL_THREADS`` or all available cores) when it
+    is built, so the count is also exported as ``TRACERL_THREADS``: without it every run took
+    both cores and its threads spun against the other processes (steps 10-50x slower on a
+    loaded 2-core machine)."""
+    import os
+
     import torch
 
     if threads:
+        os.environ["TRACERL_THREADS"] = str(threads)
         torch.set_num_threads(threads)
 
 
@@ -189,6 +216,57 @@ def _title(name: str, data: dict[str, Any]) -> str:
     return f"**{name}**" + (" (`--quick` run)" if data.get("quick") else "")
 
 
+def _pm(stats: dict[str, Any] | None) -> str:
+    """``mean ± std`` of a per-hop summary (percent)."""
+    if not stats or stats.get("mean") is None:
+        return "-"
+    spread = f" ± {100 * stats['std']:.1f}" if stats.get("std") is not None else ""
+    return f"{100 * stats['mean']:.1f}{spread}%"
+
+
+def _hops_table(name: str, data: dict[str, Any]) -> str:
+    """The sample-efficiency table with final accuracy per hop count (issue 13 and later)."""
+    methods = data["methods"]
+    hops = sorted({h for m in methods.values() for h in m.get("final_accuracy_by_hops", {})}, key=int)
+    rows = [[n, _fmt(m["final_accuracy_mean"], True), _fmt(m["final_accuracy_std"], True),
+             *(_pm(m.get("final_accuracy_by_hops", {}).get(h)) for h in hops),
+             _fmt(m.get("train_accuracy_mean"), True), _fmt(m.get("redrawn_accuracy_mean"), True),
+             _fmt(m["effective_ratio_mean"]), _fmt(m["tokens_to_grpo_final"]), _fmt(m.get("rollouts_to_grpo_final")),
+             _fmt(m.get("tokens_fraction_of_grpo")), _fmt(m.get("tokens_to_90pct_grpo_final"))]
+            for n, m in methods.items()]
+    setting = data.get("setting", {})
+    base = data.get("base_accuracy_by_hops", {})
+    base_text = ", ".join(f"{h}-hop {_fmt(v, True)}" for h, v in base.items())
+    return (_title(name, data) + f" ({setting.get('seeds')} seeds x {setting.get('steps')} steps, lr {setting.get('lr')}, "
+            f"tiny preset {setting.get('tiny_preset')}, greedy base accuracy {_fmt(data.get('base_accuracy'), True)}"
+            f"{': ' + base_text if base_text else ''})\n\n" + _table(
+                ["method", "unseen-world acc", "std", *(f"{h}-hop (mean ± std)" for h in hops), "seen-world acc",
+                 "re-drawn facts acc", "effective ratio", "tokens to GRPO final", "rollouts to GRPO final",
+                 "fraction of GRPO tokens", "tokens to 90% of GRPO final"], rows))
+
+
+def _hops(values: dict[str, float] | None) -> str:
+    """``a / b / c`` percent per hop count 1, 2, 3 (``-`` where absent)."""
+    values = values or {}
+    return " / ".join(_fmt(values.get(h), True) for h in ("1", "2", "3"))
+
+
+def _levers_table(data: dict[str, Any]) -> str:
+    """One row per lever setting measured by testbed_levers.py (issue 13's choice of setting)."""
+    rows = []
+    for label, r in data["rows"].items():
+        final = r.get("final", {})
+        rows.append([label, " ".join(f"`{o}`" for o in r["overrides"]) or "-", str(r.get("eval_questions", "-")),
+                     _hops(r["base"]["sampled"]),
+                     _fmt(r["base"].get("sampled_turns")), _hops(r["base"]["greedy"]),
+                     f"{r['method']} {r['steps']}" if r["steps"] else "-", _hops(final.get("by_hops")) if final else "-",
+                     _fmt(r.get("step_seconds_mean")), _fmt(r.get("base_seconds"))])
+    return ("**testbed_levers** (unseen world; sampled: 2 episodes per question at the rollout temperature; "
+            "per hop count 1 / 2 / 3)\n\n" + _table(
+                ["label", "overrides", "questions", "base sampled success", "base turns", "base greedy", "trained",
+                 "final greedy accuracy", "s / step", "base eval s"], rows))
+
+
 def markdown_tables(results: Path = RESULTS) -> str:
     """The README tables from whichever result files exist."""
     parts = []
@@ -199,7 +277,12 @@ def markdown_tables(results: Path = RESULTS) -> str:
         parts.append(_title("reference_scoring", data) + " (time / one forward pass)\n\n"
                      + _table(["cuts", "length", "cached", "naive"], rows))
     for path in sorted(results.glob("sample_efficiency*.json")):  # the main sweep, then its variants
+        if "shard" in path.stem:  # shards are summarised by their merge
+            continue
         data = json.loads(path.read_text())
+        if any(m.get("final_accuracy_by_hops") for m in data["methods"].values()):
+            parts.append(_hops_table(path.stem, data))
+            continue
         rows = [[name, _fmt(m["final_accuracy_mean"], True), _fmt(m["final_accuracy_std"], True),
                  _fmt(m.get("train_accuracy_mean"), True), _fmt(m.get("redrawn_accuracy_mean"), True),
                  _fmt(m["effective_ratio_mean"]), _fmt(m["tokens_to_grpo_final"]),
@@ -210,6 +293,9 @@ def markdown_tables(results: Path = RESULTS) -> str:
                      f"lr {setting.get('lr')}, base accuracy {_fmt(data.get('base_accuracy'), True)})\n\n" + _table(
             ["method", "unseen-world acc", "std", "seen-world acc", "re-drawn facts acc", "effective ratio",
              "tokens to GRPO final", "fraction of GRPO tokens", "tokens to 90% of GRPO final"], rows))
+    path = results / "testbed_levers.json"
+    if path.exists():
+        parts.append(_levers_table(json.loads(path.read_text())))
     for path in sorted(results.glob("allocation_effective_ratio*.json")):
         data = json.loads(path.read_text())
         setup, world = data["setup"], data["world"]

@@ -9,14 +9,17 @@ facts. At the end each run is also evaluated on training-split questions of a se
 and of a world whose facts were re-drawn (memorisation check): what generalises shows as a small
 gap between the seen-world and the unseen-world accuracy.
 
-Setting (recorded in the JSON): the embedded tiny model on SynthWiki in the demo's setting,
-:data:`common.LEARNABLE_SETTING` (1-2 hop questions, two search results per call, the default
-world's look-alike distractor names), at the library's learning rate 3e-4 (:data:`SLOWER`) rather
-than the demo's 1e-3; ``--hard`` for 1-4 hops (:data:`common.HARD_SETTING`, where nothing moved within a
-sweep's time); ``--set a.b=value`` changes anything (e.g. ``--set data.world.min_hops=2``).
+Setting (recorded in the JSON): by default (``--setting bench``) issue 13's testbed,
+:data:`common.BENCH_SETTING`: 1-3 hop questions on a world without look-alike distractor names,
+three search results per call, at most 6 turns of at most 64 tokens, the ``bench`` tiny model, lr
+1e-3, evaluation every 20 steps. ``--setting demo`` is the sweep before issue 13: the demo's
+setting (:data:`common.LEARNABLE_SETTING`, 1-2 hops, two results per call, the default world's
+look-alike names) at the library's learning rate 3e-4 (:data:`SLOWER`); ``--hard`` adds
+:data:`common.HARD_SETTING`; ``--set a.b=value`` changes anything.
 
 Summary per method (``methods`` in the JSON; stable keys): ``final_accuracy_mean``/``_std``
-(unseen world, over seeds), ``effective_ratio_mean`` (over steps and seeds),
+(unseen world, over seeds), ``final_accuracy_by_hops`` (``{"1": {"mean", "std", "seeds"}, "2": ...}``,
+unseen world, per hop count), ``effective_ratio_mean`` (over steps and seeds),
 ``tokens_to_grpo_final`` (cumulative generated tokens at the first evaluation where the seed-mean
 accuracy reaches GRPO's final seed-mean accuracy; null when never reached) plus
 ``rollouts_to_grpo_final``, ``tokens_fraction_of_grpo`` (that over GRPO's total tokens),
@@ -27,7 +30,7 @@ initial model at all; when it did not, GRPO's final accuracy is reached at step 
 ``tokens_to_grpo_final`` is 0, which then says nothing about sample efficiency.
 
     python benchmarks/sample_efficiency.py --quick   # 7 presets x 1 seed x 4 steps: ~2 min on 2 cores
-    python benchmarks/sample_efficiency.py           # 7 presets x 5 seeds x 200 steps: ~130 min of one core
+    python benchmarks/sample_efficiency.py --steps 120   # the testbed sweep: one seed of 5 presets ~25-30 min of one core
 
 Shards: ``--methods``/``--seed-list`` with ``--out`` run part of the sweep (one process per core),
 ``--merge A.json B.json`` summarises the shards into ``--out``.
@@ -45,6 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    BENCH_SETTING,
+    LEARNABLE_SETTING,
     RESULTS,
     add_config_args,
     configure_torch,
@@ -61,12 +66,17 @@ from common import (
 
 METHODS = ("grpo", "dapo", "gigpo", "tree_grpo", "trace_alloc", "trace_credit", "trace")
 BASE = ["rollout.budget=64", "rollout.pool_size=16", "rollout.schemes.group_size=8", "eval.every=10",
-        "eval.size=100", "log.checkpoint_every=1000000"]
+        "eval.size=100", "log.checkpoint_every=1000000", "log.rollouts=false"]
 SLOWER = ("optim.lr=3e-4",)
 """After the demo's setting: the library's default learning rate instead of the demo's 1e-3, so that
 GRPO needs about 50 steps to find the one-hop strategy and creeps up for 150 more (at 1e-3 every
 method reached its plateau within 20-40 steps; that sweep is ``sample_efficiency_lr1e-3.json``:
 ``--set optim.lr=1e-3 --steps 100 --seeds 3``)."""
+SETTINGS: dict[str, tuple[list[str], tuple[str, ...]]] = {
+    "bench": (BENCH_SETTING, ("eval.every=20",)),
+    "demo": (LEARNABLE_SETTING, SLOWER),
+}
+"""``--setting``: the named setting and the tail applied after it."""
 QUICK = ["rollout.budget=16", "rollout.pool_size=8", "rollout.schemes.group_size=4", "rollout.schemes.tree_initial=2",
          "rollout.schemes.tree_expand_nodes=1", "eval.every=2", "eval.size=32"]
 
@@ -81,6 +91,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--merge", type=Path, nargs="+", metavar="SHARD.json",
                    help="Summarise the runs of these shard files (same setting) into --out; trains nothing.")
     p.add_argument("--final-eval", type=int, default=200, help="Questions per split in the final evaluation.")
+    p.add_argument("--setting", choices=sorted(SETTINGS), default="bench",
+                   help="bench: common.BENCH_SETTING (issue 13's testbed); demo: the demo's setting at lr 3e-4 "
+                        "(the sweep of sample_efficiency.json before issue 13).")
     p.add_argument("--out", type=Path, default=RESULTS / "sample_efficiency.json")
     add_config_args(p)
     args = p.parse_args()
@@ -91,38 +104,57 @@ def _args() -> argparse.Namespace:
 
 
 def run_one(preset: str, seed: int, overrides: list[str], args: argparse.Namespace,
-            base: dict[int, float]) -> dict[str, Any]:
+            base: dict[int, dict[str, float]]) -> dict[str, Any]:
     """Train one preset for one seed; returns its curve and final accuracies."""
     from tracerl.train.loop import Trainer
 
     config = resolve(preset, overrides + [f"seed={seed}", f"steps={args.steps}"], args.smoke)
     trainer = Trainer(config, fresh_dir(args.work_dir / f"{preset}-seed{seed}"))
     if seed not in base:  # same initial model, same eval sample at step 0 for every preset of a seed
-        base[seed] = trainer.evaluate(trainer.data.held_out)["eval_accuracy"]
+        base[seed] = trainer.evaluate(trainer.data.held_out)
     clock = time.perf_counter()
     records = trainer.run()
     seconds = time.perf_counter() - clock
     size, final = config.eval.size, min(args.final_eval, len(trainer.data.held_out))
     trainer.config.eval.size = final
-    finals = {
-        "unseen": trainer.evaluate(trainer.data.held_out, "unseen")["unseen_accuracy"],
-        "train": trainer.evaluate(trainer.data.train, "train")["train_accuracy"],
-        "redrawn": trainer.evaluate(trainer.data.redrawn, "redrawn")["redrawn_accuracy"] if trainer.data.redrawn else None,
-    }
+    splits = {"unseen": trainer.data.held_out, "train": trainer.data.train, "redrawn": trainer.data.redrawn}
+    metrics = {name: trainer.evaluate(tasks, name) for name, tasks in splits.items() if tasks}
+    finals = {name: metrics[name][f"{name}_accuracy"] if name in metrics else None for name in splits}
+    finals_by_hops = {name: by_hops(m, f"{name}_accuracy_hops") for name, m in metrics.items()}
     trainer.config.eval.size = size
-    curve = [{"step": 0, "rollouts": 0, "generated_tokens": 0, "accuracy": base[seed]}]
+    curve = [{"step": 0, "rollouts": 0, "generated_tokens": 0, "accuracy": base[seed]["eval_accuracy"],
+              "accuracy_by_hops": by_hops(base[seed], "eval_accuracy_hops")}]
     curve += [{"step": r["step"], "rollouts": r["total_rollouts"], "generated_tokens": r["total_generated_tokens"],
-               "accuracy": r["eval_accuracy"]} for r in records if r.get("eval_accuracy") is not None]
-    curve[-1]["accuracy"] = finals["unseen"]  # the final point uses the larger final evaluation
-    print(f"{preset:>12} seed {seed}: unseen {finals['unseen']:.3f} train {finals['train']:.3f} "
+               "accuracy": r["eval_accuracy"], "accuracy_by_hops": by_hops(r, "eval_accuracy_hops")}
+              for r in records if r.get("eval_accuracy") is not None]
+    # the final point uses the larger final evaluation
+    curve[-1].update(accuracy=finals["unseen"], accuracy_by_hops=finals_by_hops["unseen"])
+    hops = " ".join(f"{h}-hop {v:.2f}" for h, v in finals_by_hops.get("unseen", {}).items())
+    print(f"{preset:>12} seed {seed}: unseen {finals['unseen']:.3f} ({hops}) train {finals['train']:.3f} "
           f"eff {mean([r['effective_ratio'] for r in records]):.3f} tokens {records[-1]['total_generated_tokens']} "
           f"({seconds:.0f} s)", flush=True)
     return {
-        "seed": seed, "curve": curve, "final": finals, "train_seconds": seconds,
+        "seed": seed, "curve": curve, "final": finals, "final_by_hops": finals_by_hops, "train_seconds": seconds,
         "effective_ratio": [r["effective_ratio"] for r in records],
         "reward_mean": [r["reward_mean"] for r in records],
         "step_seconds": [r["step_seconds"] for r in records],
     }
+
+
+def by_hops(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
+    """``{"1": acc, "2": acc, ...}`` from the metric keys ``{prefix}{k}`` (hop counts as JSON keys)."""
+    return {key[len(prefix):]: value for key, value in metrics.items() if key.startswith(prefix)}
+
+
+def hops_summary(runs: list[dict[str, Any]], split: str = "unseen") -> dict[str, dict[str, float | None]]:
+    """Final accuracy per hop count over seeds: ``{"1": {"mean", "std", "seeds"}, ...}``.
+
+    Runs of shards written before per-hop evaluation have no ``final_by_hops`` and are skipped."""
+    per_hop: dict[str, list[float]] = {}
+    for run in runs:
+        for hops, value in run.get("final_by_hops", {}).get(split, {}).items():
+            per_hop.setdefault(hops, []).append(value)
+    return {h: {"mean": mean(v), "std": std(v), "seeds": len(v)} for h, v in sorted(per_hop.items(), key=lambda x: int(x[0]))}
 
 
 def mean_curve(runs: list[dict[str, Any]]) -> list[dict[str, float]]:
@@ -131,7 +163,9 @@ def mean_curve(runs: list[dict[str, Any]]) -> list[dict[str, float]]:
     out = []
     for i, step in enumerate(steps):
         points = [run["curve"][i] for run in runs if i < len(run["curve"])]
-        out.append({"step": step, **{k: mean([p[k] for p in points]) for k in ("rollouts", "generated_tokens", "accuracy")}})
+        hops = sorted({h for p in points for h in p.get("accuracy_by_hops", {})}, key=int)
+        out.append({"step": step, **{k: mean([p[k] for p in points]) for k in ("rollouts", "generated_tokens", "accuracy")},
+                    "accuracy_by_hops": {h: mean([p.get("accuracy_by_hops", {}).get(h) for p in points]) for h in hops}})
     return out
 
 
@@ -155,6 +189,7 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         methods[name] = {
             "final_accuracy_mean": mean(finals),
             "final_accuracy_std": std(finals),
+            "final_accuracy_by_hops": hops_summary(rs),
             "effective_ratio_mean": mean([e for r in rs for e in r["effective_ratio"]]),
             "tokens_to_grpo_final": tokens,
             "rollouts_to_grpo_final": first_reaching(curves[name], target, "rollouts") if target is not None else None,
@@ -162,13 +197,16 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "tokens_to_90pct_grpo_final": tokens_90,
             "train_accuracy_mean": mean([r["final"]["train"] for r in rs]),
             "redrawn_accuracy_mean": mean([r["final"]["redrawn"] for r in rs]),
+            "train_accuracy_by_hops": hops_summary(rs, "train"),
+            "redrawn_accuracy_by_hops": hops_summary(rs, "redrawn"),
             "total_generated_tokens_mean": curves[name][-1]["generated_tokens"],
             "total_rollouts_mean": curves[name][-1]["rollouts"],
             "step_seconds_mean": mean([s for r in rs for s in r["step_seconds"]]),
             "seeds": len(rs),
         }
+    first = curves[next(iter(curves))][0]
     return {"methods": methods, "grpo_final_accuracy": target, "grpo_total_tokens": grpo_tokens, "curves": curves,
-            "base_accuracy": curves[next(iter(curves))][0]["accuracy"]}
+            "base_accuracy": first["accuracy"], "base_accuracy_by_hops": first.get("accuracy_by_hops", {})}
 
 
 def plot(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], out: Path) -> Path:
@@ -234,13 +272,14 @@ def main() -> None:
                  **{k: shard[k] for k in ("machine", "python", "torch", "threads", "cpus")}}
     else:
         configure_torch(args.threads)
-        overrides = setting_overrides(args, BASE + (QUICK if args.quick else []), tail=SLOWER)
+        named, tail = SETTINGS[args.setting]
+        overrides = setting_overrides(args, BASE + (QUICK if args.quick else []), tail=tail, setting=named)
         runs = {m: [] for m in args.methods}
-        base: dict[int, float] = {}
+        base: dict[int, dict[str, float]] = {}
         for seed in args.seed_list:  # seed-major: a partial sweep still compares every method
             for method in args.methods:
                 runs[method].append(run_one(method, seed, overrides, args, base))
-        setting = {"overrides": overrides, "smoke": args.smoke, "hard": args.hard,
+        setting = {"overrides": overrides, "smoke": args.smoke, "hard": args.hard, "name": args.setting,
                    **describe_config(resolve("grpo", overrides, args.smoke)),
                    "steps": args.steps, "seeds": len(args.seed_list), "final_eval_questions": args.final_eval,
                    "held_out": "test split of an unseen world (data.eval_fact_seed)",
@@ -253,6 +292,7 @@ def main() -> None:
         "grpo_final_accuracy": summary["grpo_final_accuracy"],
         "grpo_total_tokens": summary["grpo_total_tokens"],
         "base_accuracy": summary["base_accuracy"],
+        "base_accuracy_by_hops": summary["base_accuracy_by_hops"],
         "grpo_improved": (summary["grpo_final_accuracy"] or 0.0) > (summary["base_accuracy"] or 0.0),
         "setting": setting,
         "curves": summary["curves"],

@@ -48,6 +48,11 @@ class ExplorerConfig:
     """Documents returned by one search: keep it equal to the RL environment's (the demo uses 2)."""
     doc_max_tokens: int = 100
     """Words kept per returned document."""
+    guided: float = 0.0
+    """Chance that an episode is a demonstration instead: it searches the question's supporting
+    titles in order and answers the gold answer. 0 (the default presets) keeps every episode
+    question-agnostic; the ``bench_guided`` preset uses a small share so that the base model
+    solves a few multi-hop questions (issue 13)."""
 
 
 @dataclass
@@ -91,6 +96,8 @@ def pretraining_worlds(world: WorldConfig, fact_seeds: Sequence[int], questions:
 def explore(task: Task, wt: WorldTools, fmt: AgentFormat, rng: random.Random,
             cfg: ExplorerConfig) -> list[tuple[str, bool]]:
     """One exploratory episode as ``(text, is_assistant)`` pieces in the engine's order."""
+    if cfg.guided > 0 and task.supporting_titles and rng.random() < cfg.guided:
+        return demonstrate(task, wt, fmt)
     episode = wt.env.start(task)
     pieces = [(fmt.render_prompt(task, wt.tools), False)]
     seen = wt.entities_in(task.question)
@@ -119,6 +126,21 @@ def explore(task: Task, wt: WorldTools, fmt: AgentFormat, rng: random.Random,
     answer_pool = links if links and rng.random() < cfg.focus else seen
     if answer_pool:
         pieces.append((fmt.render_action(Action(kind="answer", answer=rng.choice(answer_pool))), True))
+    return pieces
+
+
+def demonstrate(task: Task, wt: WorldTools, fmt: AgentFormat) -> list[tuple[str, bool]]:
+    """The gold path of ``task`` as ``(text, is_assistant)`` pieces: one search per supporting
+    title (the chain's entities in order), then the gold answer."""
+    episode = wt.env.start(task)
+    pieces = [(fmt.render_prompt(task, wt.tools), False)]
+    for title in task.supporting_titles:
+        action = Action(kind="tool", name="search", arguments={wt.tools["search"].parameters[0].name: title})
+        obs = episode.step(action)
+        pieces += [(fmt.render_action(action), True), (fmt.render_observation(obs), False)]
+        if obs.done:
+            return pieces
+    pieces.append((fmt.render_action(Action(kind="answer", answer=task.gold)), True))
     return pieces
 
 

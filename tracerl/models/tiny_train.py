@@ -102,11 +102,22 @@ def batch_loss(model: Any, ids: torch.Tensor, pos: torch.Tensor, labels: torch.T
     return (ce * w).sum() / w.sum().clamp(min=1e-8)
 
 
+def pretrain_device() -> str:
+    """``cuda`` where a GPU is visible, else ``cpu``: the same command pretrains on either."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def train_causal_lm(model: Any, samples: list[Sample], config: TinyModelConfig, pad_id: int,
-                    progress: bool = True) -> TrainLog:
-    """Train ``model`` in place for ``config.steps`` steps of ``config.batch_size`` packed rows."""
+                    progress: bool = True, device: str | None = None) -> TrainLog:
+    """Train ``model`` in place for ``config.steps`` steps of ``config.batch_size`` packed rows.
+
+    Runs on ``device`` (default :func:`pretrain_device`) and leaves the model on the CPU, where
+    it is saved and cached. bfloat16 autocast applies on either device type.
+    """
     if not samples:
         raise ValueError("train_causal_lm needs at least one sample")
+    device = device or pretrain_device()
+    model.to(device)
     rng = random.Random(f"tiny-batches:{config.seed}")
     precision = resolve_precision(config.precision)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
@@ -126,10 +137,10 @@ def train_causal_lm(model: Any, samples: list[Sample], config: TinyModelConfig, 
             queue += pack_rows(lengths, order, config.seq_len)
         rows = [[samples[i] for i in row] for row in queue[: config.batch_size]]
         del queue[: config.batch_size]
-        ids, pos, labels, weights = collate(rows, config.seq_len, pad_id)
+        ids, pos, labels, weights = (t.to(device) for t in collate(rows, config.seq_len, pad_id))
         for group in optim.param_groups:
             group["lr"] = lr_at(step, config)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
             loss = batch_loss(model, ids, pos, labels, weights)
         optim.zero_grad(set_to_none=True)
         loss.backward()
@@ -142,5 +153,6 @@ def train_causal_lm(model: Any, samples: list[Sample], config: TinyModelConfig, 
             print(f"pretrain step {step + 1}/{config.steps} loss {log.losses[-1]:.3f} "
                   f"({log.tokens / max(elapsed, 1e-9):.0f} tok/s)", file=sys.stderr, flush=True)
     model.eval()
+    model.to("cpu")
     log.seconds = time.perf_counter() - start
     return log

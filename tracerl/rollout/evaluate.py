@@ -8,7 +8,9 @@ Metrics (all means over trajectories unless said otherwise):
 - ``error_action_rate``: share of all turns whose action was invalid or whose tool call was
   rejected (the policy's fault; infrastructure failures are counted apart);
 - ``answered``, ``infra_failed``: share of trajectories that gave an answer / hit a tool crash;
-- ``generated_tokens``: policy tokens per trajectory.
+- ``generated_tokens``: policy tokens per trajectory;
+- ``em_hops{k}``: exact match over the trajectories of ``k``-hop tasks (``Task.hops``), one key per
+  hop count present (tasks without a hop count are left out of these).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def trajectory_record(traj: Trajectory, task: Task, sample: int) -> dict[str, An
         "task_id": task.id,
         "question": task.question,
         "answers": list(task.answers),
+        "hops": task.hops,
         "sample": sample,
         "answer": traj.answer,
         "em": exact_match(answer, task) if traj.answer is not None else 0.0,
@@ -133,7 +136,22 @@ def summarize(records: list[dict[str, Any]], samples: int) -> dict[str, float]:
         "answered": sum(r["answer"] is not None for r in records) / n,
         "infra_failed": sum(r["infra_failed"] for r in records) / n,
         "generated_tokens": sum(r["generated_tokens"] for r in records) / n,
+        **{f"em_hops{k}": v for k, v in em_by_hops(records).items()},
     }
+
+
+def em_by_hops(records: list[dict[str, Any]]) -> dict[int, float]:
+    """Mean exact match per hop count, ``{hops: em}`` in increasing hop order.
+
+    Multi-hop chains are what allocation and turn credit should help with, so accuracy is
+    reported per hop count as well as overall. Records without ``hops`` (non-SynthWiki tasks)
+    are skipped; an empty dict when none has one.
+    """
+    groups: dict[int, list[float]] = {}
+    for r in records:
+        if r.get("hops") is not None:
+            groups.setdefault(int(r["hops"]), []).append(float(r["em"]))
+    return {k: sum(v) / len(v) for k, v in sorted(groups.items())}
 
 
 def run_eval(

@@ -282,8 +282,10 @@ class Trainer(RunLifecycle):
         # Evaluation's prefixes must not serve the next training step: a resumed run starts with an
         # empty store, and KV recomputed in other batch shapes may differ in the last bits on a GPU.
         self.backend.clear_prefix_cache()
+        by_hops = {f"{label}_accuracy_hops{key[len('em_hops'):]}": value
+                   for key, value in report.metrics.items() if key.startswith("em_hops")}
         return {f"{label}_accuracy": report.metrics["em"], f"{label}_f1": report.metrics["f1"],
-                f"{label}_turns": report.metrics["mean_turns"]}
+                f"{label}_turns": report.metrics["mean_turns"], **by_hops}
 
     # --- the run ----------------------------------------------------------------------------
 
