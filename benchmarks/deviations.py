@@ -15,7 +15,7 @@ deviation touches what the policy actually does before RL:
 - ``distinct_observations``: the predictor's distinct-observation count vs distinct documents;
 - ``trace_steps``: per step of TRACE allocation (predictor trained online, policy fixed): whether
   stage 1 fell back to uniform (cold predictor) and how much budget went to the root top-up;
-- ``dapo``: from the committed ``sample_efficiency.json``, the share of dapo steps that kept no
+- ``dapo``: from the committed ``sample_efficiency_demo.json`` (the demo-setting sweep), the share of dapo steps that kept no
   group (no refill) and GRPO's mixed groups per step.
 
     python benchmarks/deviations.py          # about 2 min on one core
@@ -146,7 +146,7 @@ def trace_steps(engine: RolloutEngine, pool: list, steps: int) -> list[dict[str,
 
 
 def dapo_from_sweep() -> dict[str, float]:
-    data = json.loads((RESULTS / "sample_efficiency.json").read_text())
+    data = json.loads((RESULTS / "sample_efficiency_demo.json").read_text())
     dapo = [e for run in data["runs"]["dapo"] for e in run["effective_ratio"]]
     grpo = [e for run in data["runs"]["grpo"] for e in run["effective_ratio"]]
     group = data["setting"]["group_size"]
