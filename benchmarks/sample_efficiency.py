@@ -64,7 +64,11 @@ from common import (
     write_json,
 )
 
-METHODS = ("grpo", "dapo", "gigpo", "tree_grpo", "trace_alloc", "trace_credit", "trace")
+METHODS = ("grpo", "dapo", "gigpo", "gspo", "tree_grpo", "trace_alloc", "trace_credit", "trace")
+"""The method presets a sweep runs by default (issue 13: all of them, the same budget)."""
+ABLATIONS = ("trace_alloc_uu", "trace_alloc_ul", "trace_alloc_lu")
+"""The allocation 2x2's other arms (roots then prefixes, uniform or learned; ``trace_alloc`` is l+l):
+``--methods`` takes them, the default sweep does not run them."""
 BASE = ["rollout.budget=64", "rollout.pool_size=16", "rollout.schemes.group_size=8", "eval.every=10",
         "eval.size=100", "log.checkpoint_every=1000000", "log.rollouts=false"]
 SLOWER = ("optim.lr=3e-4",)
@@ -84,7 +88,7 @@ QUICK = ["rollout.budget=16", "rollout.pool_size=8", "rollout.schemes.group_size
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="1 seed x 4 steps, budget 16, 32 eval questions.")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS + ABLATIONS)
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed-list", type=int, nargs="+", help="Run these seeds instead of 0..--seeds-1 (a shard).")
     p.add_argument("--steps", type=int, default=200)
@@ -252,7 +256,7 @@ def merge_shards(paths: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], di
     for path, shard in zip(paths[1:], shards[1:]):
         if same(shard) != same(shards[0]):
             raise SystemExit(f"{path}: its setting differs from {paths[0]}'s; shards must share one setting")
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS}
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS + ABLATIONS}
     for shard in shards:
         for method, rs in shard["runs"].items():
             runs[method] += rs
