@@ -298,6 +298,8 @@ def markdown_tables(results: Path = RESULTS) -> str:
         parts.append(_levers_table(json.loads(path.read_text())))
     for path in sorted(results.glob("allocation_effective_ratio*.json")):
         data = json.loads(path.read_text())
+        if "predictor_per_step" not in data:  # the offline predictor-input comparisons have no per-step table
+            continue
         setup, world = data["setup"], data["world"]
         auc = {name: (steps["heldout_auc"][0], steps["heldout_auc"][-1]) for name, steps in data["predictor_per_step"].items()}
         rows = [[name, _fmt(m["effective_ratio"]), _fmt(data["ratio_vs_chain"][name]), _fmt(m["success_rate"], True),
