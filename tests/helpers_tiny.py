@@ -116,3 +116,19 @@ class ScriptedPolicy:
 
 SCORING_VOCAB = 97
 """Vocabulary of the scorer tests' random models (tests/models/conftest.py: sharp_model, exact_model)."""
+
+
+def assert_old_logprobs_recompute(model, traj, temperature: float, *, unsampled_zero: bool = False) -> None:
+    """Every sampled token's stored log-prob equals a full forward's at ``temperature`` (1e-4);
+    with ``unsampled_zero`` the other positions must hold 0.0."""
+    import pytest
+    import torch
+
+    ids = torch.tensor([traj.token_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0] / temperature, -1)
+    for pos, (sampled, old) in enumerate(zip(traj.sampled, traj.old_logprobs)):
+        if sampled:
+            assert old == pytest.approx(logp[pos - 1, traj.token_ids[pos]].item(), abs=1e-4)
+        elif unsampled_zero:
+            assert old == 0.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers_tiny import ScriptedPolicy, tiny_model
+from helpers_tiny import ScriptedPolicy, assert_old_logprobs_recompute, tiny_model
 
 from tracerl.agent.formats import get_format
 from tracerl.core.types import RolloutTree
@@ -71,14 +71,7 @@ def test_old_logprobs_match_a_forward_over_the_trajectory(policy, env, world) ->
     engine = _engine(policy, env, temperature=0.8, max_turns=2)
     trees, _ = engine.rollout(world.train[:2], [2, 1], generator=torch.Generator().manual_seed(1))
     for traj in (t for tree in trees for t in tree.trajectories.values()):
-        ids = torch.tensor([traj.token_ids])
-        with torch.no_grad():
-            logp = torch.log_softmax(policy.model(input_ids=ids).logits[0] / 0.8, -1)
-        for pos, (sampled, old) in enumerate(zip(traj.sampled, traj.old_logprobs)):
-            if sampled:
-                assert old == pytest.approx(logp[pos - 1, traj.token_ids[pos]].item(), abs=1e-4)
-            else:
-                assert old == 0.0
+        assert_old_logprobs_recompute(policy.model, traj, 0.8, unsampled_zero=True)
 
 
 def test_same_seed_same_trees(policy, env, world) -> None:

@@ -9,8 +9,7 @@ log-prob, so a turn sampled in several pieces can be checked token for token.
 from __future__ import annotations
 
 import pytest
-import torch
-from helpers_tiny import tiny_model
+from helpers_tiny import assert_old_logprobs_recompute, tiny_model
 
 from tracerl.agent.formats import ReactFormat, get_format
 from tracerl.agent.search_r1 import SearchR1Format
@@ -223,12 +222,7 @@ def test_pieces_join_into_exact_turns_on_a_real_model(env, world, tok) -> None:
     together = run(world.train[:2], [2, 2])
     pieces = 0
     for traj in together.values():
-        ids = torch.tensor([traj.token_ids])
-        with torch.no_grad():
-            logp = torch.log_softmax(policy.model(input_ids=ids).logits[0] / 0.8, -1)
-        for pos, (sampled, old) in enumerate(zip(traj.sampled, traj.old_logprobs)):
-            if sampled:
-                assert old == pytest.approx(logp[pos - 1, traj.token_ids[pos]].item(), abs=1e-4)
+        assert_old_logprobs_recompute(policy.model, traj, 0.8)
         for turn in traj.turns:
             text = tok.decode(turn.assistant_ids, skip_special_tokens=False)
             pieces += text.count("e")
