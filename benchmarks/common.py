@@ -49,7 +49,7 @@ smoke world's names and the react format a little), for development runs."""
 
 
 BENCH_SETTING: list[str] = [
-    "model.tiny_preset=bench",  # pretrained on 200 worlds without look-alike names (tiny_config.py)
+    "model.tiny_preset=bench_hops",  # 200 worlds without look-alike names, hop-aware explorer (tiny_config.py)
     "data.world.distractors=0",  # the names the bench model knows
     "data.world.max_hops=3",
     "data.search_top_k=3",
@@ -58,8 +58,9 @@ BENCH_SETTING: list[str] = [
     "optim.lr=1e-3",
 ]
 """The sample-efficiency testbed (issue 13): 1-3 hop questions on a world without look-alike
-distractor names, three search results per call, the ``bench`` tiny model. Chosen by the lever
-measurements in benchmarks/README.md ("Choosing the setting", ``results/testbed_levers.json``)."""
+distractor names, three search results per call, the ``bench_hops`` tiny model (whose base model
+knows how many searches a question needs, not which). Chosen by the lever measurements in
+benchmarks/README.md ("Choosing the setting", ``results/testbed_levers.json``)."""
 
 
 def add_config_args(parser: argparse.ArgumentParser, *, hard: bool = True) -> None:

@@ -16,7 +16,7 @@ Summary per point (``points`` in the JSON, keyed by label, e.g. ``K=3 w_turn=0.2
 ``total_generated_tokens_mean`` and ``delta_vs_center`` (final accuracy minus the default point's).
 
     python benchmarks/credit_sweep.py --quick   # smoke world, smoke tiny model, 4 points x 1 seed x 3 steps: ~2 min
-    python benchmarks/credit_sweep.py           # benchmark setting: 10 points x 3 seeds x 200 steps
+    python benchmarks/credit_sweep.py           # the testbed (--setting bench): 10 points x 3 seeds x 200 steps
 
 The full sweep is 30 trace_credit runs of sample_efficiency's length (with the December 2026
 benchmark setting, about 4-5 min of one core each: some 2-2.5 hours). Run it in shards, one per core
@@ -49,7 +49,7 @@ from common import (
     std,
     write_json,
 )
-from sample_efficiency import BASE, QUICK, SLOWER, run_one
+from sample_efficiency import BASE, QUICK, SETTINGS, run_one
 
 PRESET = "trace_credit"
 CENTER = (3, 0.2, "log_ratio")
@@ -70,6 +70,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--final-eval", type=int, default=200, help="Questions per split in the final evaluation.")
     p.add_argument("--merge", type=Path, nargs="+", metavar="SHARD.json", help="Combine shard files; trains nothing.")
+    p.add_argument("--setting", choices=sorted(SETTINGS), default="bench",
+                   help="As in sample_efficiency.py: bench (common.BENCH_SETTING, the default) or demo.")
     p.add_argument("--out", type=Path, default=RESULTS / "credit_sweep.json")
     add_config_args(p)
     args = p.parse_args()
@@ -177,7 +179,8 @@ def merge_shards(paths: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], di
 
 def sweep(args: argparse.Namespace, points: list[dict[str, Any]]) -> tuple[dict[str, list[dict[str, Any]]], dict]:
     configure_torch(args.threads)
-    overrides = setting_overrides(args, BASE + (QUICK if args.quick else []), tail=SLOWER)
+    named, tail = SETTINGS[args.setting]
+    overrides = setting_overrides(args, BASE + (QUICK if args.quick else []), tail=tail, setting=named)
     runs: dict[str, list[dict[str, Any]]] = {p["label"]: [] for p in points}
     base: dict[int, float] = {}  # the initial model's accuracy per seed (shared by every point)
     for seed in args.seed_list:  # seed-major: a partial sweep still covers every point
@@ -186,7 +189,7 @@ def sweep(args: argparse.Namespace, points: list[dict[str, Any]]) -> tuple[dict[
             local = argparse.Namespace(**{**vars(args), "work_dir": folder})
             print(f"-- {point['label']} seed {seed}", flush=True)
             runs[point["label"]].append(run_one(PRESET, seed, overrides + point_overrides(point), local, base))
-    setting = {"preset": PRESET, "overrides": overrides, "smoke": args.smoke, "hard": args.hard,
+    setting = {"preset": PRESET, "overrides": overrides, "setting": args.setting, "smoke": args.smoke, "hard": args.hard,
                **describe_config(resolve(PRESET, overrides, args.smoke)), "steps": args.steps,
                "seeds": len(args.seed_list), "final_eval_questions": args.final_eval, "grid_kind": args.grid,
                "held_out": "test split of an unseen world (data.eval_fact_seed)"}

@@ -50,3 +50,38 @@ def test_guided_enters_the_cache_key_only_when_set() -> None:
     assert replace(base, explorer=replace(base.explorer, guided=0.0)).hash() == base.hash()
     with pytest.raises(ValueError, match="guided"):
         TinyModelConfig(explorer=ExplorerConfig(guided=1.5))
+
+
+# --- hop-aware search counts (ExplorerConfig.hop_aware) ---------------------------------------
+
+
+def _searches(pieces: list[tuple[str, bool]]) -> int:
+    return sum(1 for text, is_assistant in pieces if is_assistant and "answer[" not in text)
+
+
+def test_hop_aware_explorer_searches_once_per_hop(world_tools: WorldTools) -> None:
+    fmt = get_format("react")
+    always = ExplorerConfig(top_k=2, hop_aware=1.0)
+    rng = random.Random(3)
+    tasks = world_tools.world.train
+    assert {t.hops for t in tasks} == {1, 2, 3}
+    for task in tasks:
+        pieces = explore(task, world_tools, fmt, rng, always)
+        assert _searches(pieces) == task.hops
+
+
+def test_hop_aware_zero_draws_as_before_and_keeps_the_cache_key(world_tools: WorldTools) -> None:
+    fmt = get_format("react")
+    tasks = world_tools.world.train
+    plain = [explore(t, world_tools, fmt, random.Random(5), ExplorerConfig(top_k=2)) for t in tasks]
+    zero = [explore(t, world_tools, fmt, random.Random(5), ExplorerConfig(top_k=2, hop_aware=0.0)) for t in tasks]
+    assert plain == zero
+    # question-agnostic counts: over many draws some episode's count differs from its hop count
+    rng = random.Random(6)
+    counts = [(_searches(explore(t, world_tools, fmt, rng, ExplorerConfig(top_k=2))), t.hops) for t in tasks * 5]
+    assert any(n != h for n, h in counts)
+    base = PRESETS["bench"]
+    assert replace(base, explorer=replace(base.explorer, hop_aware=0.0)).hash() == base.hash()
+    assert PRESETS["bench_hops"].hash() != base.hash()
+    with pytest.raises(ValueError, match="hop_aware"):
+        TinyModelConfig(explorer=ExplorerConfig(hop_aware=-0.1))

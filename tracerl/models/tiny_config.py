@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -134,13 +134,15 @@ class TinyModelConfig:
         config = self.to_dict()
         if not self.explorer.guided:  # added later: unguided presets keep the hash (and cache) they had
             del config["explorer"]["guided"]
+        if not self.explorer.hop_aware:  # likewise
+            del config["explorer"]["hop_aware"]
         payload = json.dumps({"v": _CACHE_VERSION, "config": config,
                               "precision": resolve_precision(self.precision)}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def _check_explorer(cfg: ExplorerConfig) -> None:
-    for name in ("focus", "open_prob", "guided"):
+    for name in ("focus", "open_prob", "guided", "hop_aware"):
         value = getattr(cfg, name)
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"ExplorerConfig.{name} must be in [0, 1], got {value}")
@@ -170,12 +172,12 @@ PRESETS: dict[str, TinyModelConfig] = {
     # world); base accuracy on the demo's 1-2 hop questions 6.5% / 1.0% vs 6.0% / 0.0%.
     # Not yet measured end to end with RL.
     "two_layer": TinyModelConfig(num_layers=2, steps=8400, batch_size=1, warmup_steps=100),
-    # The sample-efficiency testbed's model (benchmarks/README.md, "Choosing the setting"): the
+    # The first issue-13 testbed model (benchmarks/README.md, "Choosing the setting"): the
     # default architecture (0.99M parameters) on 200 worlds without look-alike names, 4.2k steps
     # (4.0M tokens; ~10 min on an idle core, 41 min on the loaded 2-core machine). On 1-3 hop
     # questions of an unseen world, 3 results per call, it succeeds in 4.3% / 0.8% / 0.0% of
     # sampled 1 / 2 / 3-hop episodes (the default model, 2 results: 2.1% / 0.0% / 0.7%); GRPO
-    # takes 1-hop to ~40% in 20-80 steps and 2-3 hop stays at 0%.
+    # takes 1-hop to ~40% in 20-80 steps and 2-3 hop stays at 0%. Superseded by bench_hops.
     "bench": TinyModelConfig(world=BENCH_WORLD, num_worlds=200, steps=4200, warmup_steps=100),
     # bench plus 20% demonstrations (gold search path, then the gold answer) among the episodes,
     # 2.1k steps (8 min): sampled 3.6% / 0.0% / 0.0%, greedy 10.9% / 0% / 0%; GRPO 60 steps:
@@ -183,6 +185,20 @@ PRESETS: dict[str, TinyModelConfig] = {
     "bench_guided": TinyModelConfig(world=BENCH_WORLD, num_worlds=200, steps=2100, warmup_steps=100,
                                     explorer=ExplorerConfig(focus=1.0, search_count_weights=(0.35, 0.3, 0.2, 0.15),
                                                             top_k=3, guided=0.2)),
+    # The sample-efficiency testbed's model (issue 13; benchmarks/README.md, "Choosing the
+    # setting"): bench with a hop-aware explorer. 70% of the exploratory episodes make as many
+    # searches as the question has hops, still following random links and answering a random link,
+    # so the base model knows how many lookups a question needs but not which ones (the explorer
+    # itself succeeds on 47% / 26% / 12% of 1 / 2 / 3-hop questions, bench's on 19% / 8% / 2%).
+    # 4.2k steps, 11 min on an idle core. Base model, 1-3 hop questions of an unseen world, 3
+    # results per call: sampled 22% / 6.3% / 0.9%, greedy 35% / 25% / 7%; GRPO (lr 1e-3) takes
+    # greedy two-hop to 38-48% and three-hop to 13-16% in 75-150 steps.
+    "bench_hops": TinyModelConfig(world=BENCH_WORLD, num_worlds=200, steps=4200, warmup_steps=100,
+                                  explorer=replace(DEFAULT_EXPLORER, hop_aware=0.7)),
+    # The same data on two layers (8.4k steps of one row, 7 min): sampled 7.3% / 0.0% / 0.9%, and
+    # GRPO stayed at 0% on two and three hops in 100 steps; measured and not used.
+    "bench_hops_2l": TinyModelConfig(world=BENCH_WORLD, num_worlds=200, num_layers=2, steps=8400, batch_size=1,
+                                     warmup_steps=100, explorer=replace(DEFAULT_EXPLORER, hop_aware=0.7)),
     # Seconds on a CPU: for tests and smoke runs; knows the format and the tiny world's text well
     # enough to answer some one-hop questions, so a few RL steps see mixed groups.
     "smoke": TinyModelConfig(hidden_size=48, num_layers=2, num_heads=3, head_dim=32, intermediate_size=96,

@@ -4,7 +4,8 @@ Exploratory episodes are *not* expert demonstrations. A scripted explorer runs t
 search tools of a SynthWiki world through the real :class:`~tracerl.envs.base.ToolEnvironment`
 and agent format: its first query is an entity named in the question, later queries follow
 a link of the document it just looked up (probability ``focus``) or pick any entity seen so
-far, the number of searches is drawn independently of the question, and the final answer
+far, the number of searches is drawn independently of the question (or, with ``hop_aware``, is
+the question's hop count), and the final answer
 is an entity seen in context (again a link of the last document with probability ``focus``).
 The gold answer is never consulted. A model trained on this knows the format, copies names
 out of observations and succeeds by luck only now and then, which gives RL a signal to
@@ -53,6 +54,12 @@ class ExplorerConfig:
     titles in order and answers the gold answer. 0 (the default presets) keeps every episode
     question-agnostic; the ``bench_guided`` preset uses a small share so that the base model
     solves a few multi-hop questions (issue 13)."""
+    hop_aware: float = 0.0
+    """Chance that the number of tool calls equals the question's hop count (its number of nested
+    relation phrases, readable from the question) instead of a draw from ``search_count_weights``.
+    Which links are followed and which entity is answered stay random, so the base model learns
+    how many lookups a question needs but not which ones. 0 (the default presets) keeps the count
+    question-agnostic; the ``bench_hops`` preset uses it (issue 13)."""
 
 
 @dataclass
@@ -103,7 +110,10 @@ def explore(task: Task, wt: WorldTools, fmt: AgentFormat, rng: random.Random,
     seen = wt.entities_in(task.question)
     searched: list[str] = []
     links: list[str] = []
-    calls = rng.choices(range(1, len(cfg.search_count_weights) + 1), weights=cfg.search_count_weights)[0]
+    if cfg.hop_aware > 0 and task.hops and rng.random() < cfg.hop_aware:
+        calls = task.hops
+    else:  # hop_aware = 0 draws exactly as before the option existed
+        calls = rng.choices(range(1, len(cfg.search_count_weights) + 1), weights=cfg.search_count_weights)[0]
     for turn in range(calls):
         fresh_links = [n for n in links if n not in searched]
         if turn > 0 and fresh_links and rng.random() < cfg.focus:
