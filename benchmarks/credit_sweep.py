@@ -18,8 +18,8 @@ Summary per point (``points`` in the JSON, keyed by label, e.g. ``K=3 w_turn=0.2
     python benchmarks/credit_sweep.py --quick   # smoke world, smoke tiny model, 4 points x 1 seed x 3 steps: ~2 min
     python benchmarks/credit_sweep.py           # the testbed (--setting bench): 10 points x 3 seeds x 200 steps
 
-The full sweep is 30 trace_credit runs of sample_efficiency's length (with the December 2026
-benchmark setting, about 4-5 min of one core each: some 2-2.5 hours). Run it in shards, one per core
+The full sweep is 30 trace_credit runs of sample_efficiency's length (in the testbed at 100
+steps about 7 min of one core each, 17 when a run collapses: some 3.5-6 hours). Run it in shards, one per core
 (set PYTHONPATH to the checkout so the scripts import its tracerl):
 
     B=benchmarks/credit_sweep.py
@@ -45,11 +45,10 @@ from common import (
     mean,
     resolve,
     save_figure,
-    setting_overrides,
     std,
     write_json,
 )
-from sample_efficiency import BASE, QUICK, SETTINGS, run_one
+from sample_efficiency import SETTINGS, run_one, sweep_overrides
 
 PRESET = "trace_credit"
 CENTER = (3, 0.2, "log_ratio")
@@ -179,8 +178,7 @@ def merge_shards(paths: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], di
 
 def sweep(args: argparse.Namespace, points: list[dict[str, Any]]) -> tuple[dict[str, list[dict[str, Any]]], dict]:
     configure_torch(args.threads)
-    named, tail = SETTINGS[args.setting]
-    overrides = setting_overrides(args, BASE + (QUICK if args.quick else []), tail=tail, setting=named)
+    overrides = sweep_overrides(args)
     runs: dict[str, list[dict[str, Any]]] = {p["label"]: [] for p in points}
     base: dict[int, float] = {}  # the initial model's accuracy per seed (shared by every point)
     for seed in args.seed_list:  # seed-major: a partial sweep still covers every point

@@ -31,7 +31,7 @@ initial model at all; when it did not, GRPO's final accuracy is reached at step 
 ``tokens_to_grpo_final`` is 0, which then says nothing about sample efficiency.
 
     python benchmarks/sample_efficiency.py --quick   # 7 presets x 1 seed x 4 steps: ~2 min on 2 cores
-    python benchmarks/sample_efficiency.py --steps 120   # the testbed sweep: one seed of 5 presets ~25-30 min of one core
+    python benchmarks/sample_efficiency.py --steps 100 --seed-list 0   # one seed of the 8 presets: ~20 min of one core
 
 Shards: ``--methods``/``--seed-list`` with ``--out`` run part of the sweep (one process per core),
 ``--merge A.json B.json`` summarises the shards into ``--out``.
@@ -106,6 +106,13 @@ def _args() -> argparse.Namespace:
         args.seeds, args.steps, args.final_eval = 1, 4, 32
     args.seed_list = args.seed_list if args.seed_list is not None else list(range(args.seeds))
     return args
+
+
+def sweep_overrides(args: argparse.Namespace) -> list[str]:
+    """The overrides of a sweep run: :data:`BASE` (with ``--quick``, :data:`QUICK`), the
+    ``--setting`` and its tail, then ``--smoke``/``--dev-model``/``--set`` (credit_sweep.py too)."""
+    named, tail = SETTINGS[args.setting]
+    return setting_overrides(args, BASE + (QUICK if args.quick else []), tail=tail, setting=named)
 
 
 def run_one(preset: str, seed: int, overrides: list[str], args: argparse.Namespace,
@@ -277,8 +284,7 @@ def main() -> None:
                  **{k: shard[k] for k in ("machine", "python", "torch", "threads", "cpus")}}
     else:
         configure_torch(args.threads)
-        named, tail = SETTINGS[args.setting]
-        overrides = setting_overrides(args, BASE + (QUICK if args.quick else []), tail=tail, setting=named)
+        overrides = sweep_overrides(args)
         runs = {m: [] for m in args.methods}
         base: dict[int, dict[str, float]] = {}
         for seed in args.seed_list:  # seed-major: a partial sweep still compares every method

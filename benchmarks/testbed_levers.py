@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from common import RESULTS, configure_torch, fresh_dir, resolve, write_json
+from sample_efficiency import by_hops
 
 RUN = ["rollout.budget=64", "rollout.pool_size=16", "rollout.schemes.group_size=8", "eval.size=200",
        "log.checkpoint_every=1000000"]
@@ -38,11 +39,6 @@ def _args() -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/tracerl-levers"))
     p.add_argument("--out", type=Path, default=RESULTS / "testbed_levers.json")
     return p.parse_args()
-
-
-def by_hops(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
-    """``{"1": acc, "2": acc, ...}`` from metric keys ``{prefix}{k}``."""
-    return {k[len(prefix):]: v for k, v in metrics.items() if k.startswith(prefix)}
 
 
 def base_success(trainer: Any, samples: int, seed: int) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from tracerl.envs.synthwiki import WorldConfig
 from tracerl.models.tiny_data import ExplorerConfig
 
 _CACHE_VERSION = "tiny-v1"
+_EXPLORER_ADDED_LATER = ("guided", "hop_aware")
+"""Explorer fields added after caches existed: left out of the hash while they are 0."""
 
 
 DEFAULT_WORLD = WorldConfig(num_people=250, num_cities=125, num_countries=20, num_books=125, num_bands=75,
@@ -132,10 +134,9 @@ class TinyModelConfig:
     def hash(self) -> str:
         """Stable key of this config (and the resolved precision) for the cache folder."""
         config = self.to_dict()
-        if not self.explorer.guided:  # added later: unguided presets keep the hash (and cache) they had
-            del config["explorer"]["guided"]
-        if not self.explorer.hop_aware:  # likewise
-            del config["explorer"]["hop_aware"]
+        for name in _EXPLORER_ADDED_LATER:  # at 0, presets keep the hash (and cache) they had before
+            if not getattr(self.explorer, name):
+                del config["explorer"][name]
         payload = json.dumps({"v": _CACHE_VERSION, "config": config,
                               "precision": resolve_precision(self.precision)}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -183,8 +184,7 @@ PRESETS: dict[str, TinyModelConfig] = {
     # 2.1k steps (8 min): sampled 3.6% / 0.0% / 0.0%, greedy 10.9% / 0% / 0%; GRPO 60 steps:
     # 44% / 0% / 0%. No better on multi-hop questions than bench, so the benchmark keeps bench.
     "bench_guided": TinyModelConfig(world=BENCH_WORLD, num_worlds=200, steps=2100, warmup_steps=100,
-                                    explorer=ExplorerConfig(focus=1.0, search_count_weights=(0.35, 0.3, 0.2, 0.15),
-                                                            top_k=3, guided=0.2)),
+                                    explorer=replace(DEFAULT_EXPLORER, guided=0.2)),
     # The sample-efficiency testbed's model (issue 13; benchmarks/README.md, "Choosing the
     # setting"): bench with a hop-aware explorer. 70% of the exploratory episodes make as many
     # searches as the question has hops, still following random links and answering a random link,
