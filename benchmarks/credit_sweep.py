@@ -13,7 +13,9 @@ w_turn = 0.2, log_ratio): K in ``--horizons``, w_turn in ``--w-turns``, the form
 Summary per point (``points`` in the JSON, keyed by label, e.g. ``K=3 w_turn=0.2 log_ratio``):
 ``final_accuracy_mean``/``_std`` (unseen world, over seeds), the mean of every other final split
 ``run_one`` reports (``<split>_accuracy_mean``), ``effective_ratio_mean``, ``reward_mean``,
-``total_generated_tokens_mean`` and ``delta_vs_center`` (final accuracy minus the default point's).
+``total_generated_tokens_mean``, ``delta_vs_center`` (final accuracy minus the default point's) and
+``delta_vs_center_paired`` (``_std``, ``paired_seeds``): the same difference seed by seed over the
+seeds both points ran, the fair one when a partial sweep left points with different seeds.
 
     python benchmarks/credit_sweep.py --quick   # smoke world, smoke tiny model, 4 points x 1 seed x 3 steps: ~2 min
     python benchmarks/credit_sweep.py           # the testbed (--setting bench): 10 points x 3 seeds x 200 steps
@@ -26,12 +28,18 @@ steps about 7 min of one core each, 17 when a run collapses: some 3.5-6 hours). 
     python $B --seed-list 0 1 --out /tmp/c01.json --work-dir /tmp/c01 &
     python $B --seed-list 2 --out /tmp/c2.json --work-dir /tmp/c2
     wait; python $B --merge /tmp/c01.json /tmp/c2.json   # -> benchmarks/results/credit_sweep.json
+
+or as queues that share one job list (``--claim-dir``: each (point, seed) runs in whichever queue
+claims it first), skipping what earlier shards already hold (``--skip-from``). A shard file is
+rewritten after every run, so a queue that is killed keeps the runs it finished; shards of
+different grids merge (the union of their points).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -69,6 +77,14 @@ def _args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--final-eval", type=int, default=200, help="Questions per split in the final evaluation.")
     p.add_argument("--merge", type=Path, nargs="+", metavar="SHARD.json", help="Combine shard files; trains nothing.")
+    p.add_argument("--skip-from", type=Path, nargs="+", default=[], metavar="SHARD.json",
+                   help="Do not rerun the (point, seed) runs these files hold (shards, or a sample-efficiency "
+                        "result: its trace_credit and grpo runs are the centre and w_turn = 0).")
+    p.add_argument("--import-from", type=Path, nargs="+", default=[], metavar="SWEEP.json",
+                   help="With --merge: sample-efficiency results (same setting) whose trace_credit and grpo runs "
+                        "join as the centre and the w_turn = 0 point.")
+    p.add_argument("--claim-dir", type=Path, metavar="DIR",
+                   help="Queues given the same folder split the jobs: a job runs in the queue that claims it first.")
     p.add_argument("--setting", choices=sorted(SETTINGS), default="bench",
                    help="As in sample_efficiency.py: bench (common.BENCH_SETTING, the default) or demo.")
     p.add_argument("--out", type=Path, default=RESULTS / "credit_sweep.json")
@@ -128,13 +144,19 @@ def summarise(points: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]
             "effective_ratio_mean": mean([e for r in rs for e in r["effective_ratio"]]),
             "reward_mean": mean([x for r in rs for x in r["reward_mean"]]),
             "total_generated_tokens_mean": mean([r["curve"][-1]["generated_tokens"] for r in rs]),
-            "seeds": len(rs),
+            "seeds": len(rs), "seed_list": [r["seed"] for r in rs],
         })
         out[point["label"]] = summary
     center = out.get(label(*CENTER), {}).get("final_accuracy_mean")
-    for summary in out.values():
+    center_by_seed = {r["seed"]: r["final"]["unseen"] for r in runs.get(label(*CENTER), [])}
+    for name, summary in out.items():
         acc = summary["final_accuracy_mean"]
         summary["delta_vs_center"] = acc - center if acc is not None and center is not None else None
+        # over the seeds both points ran (the seed is shared: same initial model, same evaluation questions)
+        paired = [r["final"]["unseen"] - center_by_seed[r["seed"]] for r in runs[name] if r["seed"] in center_by_seed]
+        summary["delta_vs_center_paired"] = mean(paired)
+        summary["delta_vs_center_paired_std"] = std(paired)
+        summary["paired_seeds"] = len(paired)
     return out
 
 
@@ -158,56 +180,134 @@ def plot(points: dict[str, Any], out: Path) -> Path:
     return save_figure(fig, out)
 
 
-def merge_shards(paths: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+IMPORTED = {"trace_credit": label(*CENTER), "grpo": label(CENTER[0], 0.0, CENTER[2])}
+"""A sample-efficiency sweep's presets that are points of this grid: ``trace_credit`` is the centre
+(its defaults), and ``grpo`` is ``w_turn = 0`` (chains, outcome advantage only: the same run,
+bit for bit, as checked on seed 1)."""
+SAME_KNOBS = ("overrides", "smoke", "hard", "tiny_preset", "world", "train_worlds", "search_top_k", "engine",
+              "budget", "pool_size", "group_size", "lr", "eval_every", "eval_size", "steps", "final_eval_questions")
+"""The setting keys a sample-efficiency sweep must share with a credit sweep to lend it runs."""
+
+
+def shard_runs(path: Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """A file's setting and runs by point label: a credit-sweep shard as it is, or a sample-efficiency
+    result (it has ``methods``) through :data:`IMPORTED`."""
+    data = json.loads(path.read_text())
+    if "methods" not in data:
+        return data, data["runs"]
+    return data, {IMPORTED[preset]: rs for preset, rs in data["runs"].items() if preset in IMPORTED}
+
+
+def merge_shards(paths: list[Path], imports: list[Path] = ()) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """Runs and metadata of several shards; their settings must agree, their grids are united.
+
+    ``imports`` are sample-efficiency results whose :data:`IMPORTED` presets join as points; their
+    setting must match on :data:`SAME_KNOBS`. A run that two files hold must be identical in both."""
     shards = [json.loads(p.read_text()) for p in paths]
     def same(shard: dict[str, Any]) -> Any:
-        return ({k: v for k, v in shard["setting"].items() if k != "seeds"}, shard["grid"])
+        return {k: v for k, v in shard["setting"].items() if k not in ("seeds", "seed_list", "imported")}
 
     for path, shard in zip(paths[1:], shards[1:]):
         if same(shard) != same(shards[0]):
-            raise SystemExit(f"{path}: its setting or grid differs from {paths[0]}'s")
+            raise SystemExit(f"{path}: its setting differs from {paths[0]}'s")
+    sources: list[tuple[Path, dict[str, Any], dict[str, list[dict[str, Any]]]]] = [
+        (p, shard["grid"], shard["runs"]) for p, shard in zip(paths, shards)]
+    for path in imports:
+        theirs, runs_by_label = shard_runs(path)
+        ours = shards[0]["setting"]
+        differ = [k for k in SAME_KNOBS if theirs["setting"].get(k) != ours.get(k)]
+        if differ:
+            raise SystemExit(f"{path}: its setting differs from {paths[0]}'s in {', '.join(differ)}")
+        grid_of = {p["label"]: p for p in grid(argparse.Namespace(grid="cross", horizons=[CENTER[0]],
+                                                                  w_turns=[0.0, CENTER[1]], forms=[CENTER[2]]))}
+        sources.append((path, [grid_of[name] for name in runs_by_label], runs_by_label))
+    grid_points: dict[str, dict[str, Any]] = {}
     runs: dict[str, list[dict[str, Any]]] = {}
-    for shard in shards:
-        for name, rs in shard["runs"].items():
-            runs.setdefault(name, []).extend(rs)
-    runs = {name: sorted(rs, key=lambda r: r["seed"]) for name, rs in runs.items()}
-    seeds = max(len(rs) for rs in runs.values())
-    return runs, {**shards[0], "setting": {**shards[0]["setting"], "seeds": seeds},
+    for path, points, shard_run in sources:
+        for point in points:
+            grid_points.setdefault(point["label"], point)
+        for name, rs in shard_run.items():
+            for run in rs:
+                twin = next((r for r in runs.get(name, []) if r["seed"] == run["seed"]), None)
+                if twin is None:
+                    runs.setdefault(name, []).append(run)
+                elif (twin["final"], twin["curve"]) != (run["final"], run["curve"]):  # runs are deterministic
+                    raise SystemExit(f"{path}: {name} seed {run['seed']} is in two shards with different results")
+    runs = {name: sorted(rs, key=lambda r: r["seed"]) for name, rs in runs.items() if rs}
+    seeds = sorted({r["seed"] for rs in runs.values() for r in rs})
+    imported = {path.name: {preset: name for preset, name in IMPORTED.items()} for path in imports}
+    setting = {**shards[0]["setting"], "seeds": len(seeds), "seed_list": seeds}
+    if imported:
+        setting["imported"] = imported
+    return runs, {**shards[0], "grid": list(grid_points.values()), "setting": setting,
                   "seconds": sum(s["seconds"] for s in shards), "shards": [p.name for p in paths]}
 
 
-def sweep(args: argparse.Namespace, points: list[dict[str, Any]]) -> tuple[dict[str, list[dict[str, Any]]], dict]:
+def done_runs(paths: list[Path]) -> set[tuple[str, int]]:
+    """The (point label, seed) pairs that the files ``paths`` (shards or a sample-efficiency result) hold."""
+    return {(name, run["seed"]) for path in paths for name, rs in shard_runs(path)[1].items() for run in rs}
+
+
+def claim(claim_dir: Path | None, name: str, seed: int) -> bool:
+    """True when this queue may run the job: no claim folder, or it created the job's marker first."""
+    if claim_dir is None:
+        return True
+    claim_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(claim_dir / f"{name.replace(' ', '_').replace('=', '')}-seed{seed}")
+    except FileExistsError:
+        return False
+    return True
+
+
+def sweep(args: argparse.Namespace, points: list[dict[str, Any]],
+          save: Any = None) -> tuple[dict[str, list[dict[str, Any]]], dict]:
+    """Train every (point, seed) not skipped or claimed elsewhere; ``save(runs, setting)`` after each run."""
     configure_torch(args.threads)
     overrides = sweep_overrides(args)
-    runs: dict[str, list[dict[str, Any]]] = {p["label"]: [] for p in points}
-    base: dict[int, float] = {}  # the initial model's accuracy per seed (shared by every point)
-    for seed in args.seed_list:  # seed-major: a partial sweep still covers every point
-        for point in points:
-            folder = args.work_dir / point["label"].replace(" ", "_").replace("=", "")
-            local = argparse.Namespace(**{**vars(args), "work_dir": folder})
-            print(f"-- {point['label']} seed {seed}", flush=True)
-            runs[point["label"]].append(run_one(PRESET, seed, overrides + point_overrides(point), local, base))
     setting = {"preset": PRESET, "overrides": overrides, "setting": args.setting, "smoke": args.smoke, "hard": args.hard,
                **describe_config(resolve(PRESET, overrides, args.smoke)), "steps": args.steps,
                "seeds": len(args.seed_list), "final_eval_questions": args.final_eval, "grid_kind": args.grid,
                "held_out": "test split of an unseen world (data.eval_fact_seed)"}
+    skip = done_runs(args.skip_from)
+    runs: dict[str, list[dict[str, Any]]] = {p["label"]: [] for p in points}
+    base: dict[int, float] = {}  # the initial model's accuracy per seed (shared by every point)
+    for seed in args.seed_list:  # seed-major: a partial sweep still covers every point
+        for point in points:
+            if (point["label"], seed) in skip or not claim(args.claim_dir, point["label"], seed):
+                continue
+            folder = args.work_dir / point["label"].replace(" ", "_").replace("=", "")
+            local = argparse.Namespace(**{**vars(args), "work_dir": folder})
+            print(f"-- {point['label']} seed {seed}", flush=True)
+            runs[point["label"]].append(run_one(PRESET, seed, overrides + point_overrides(point), local, base))
+            if save is not None:
+                save(runs, setting)
     return runs, setting
+
+
+def result_of(points: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]], setting: dict[str, Any],
+              quick: bool, seconds: float, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"points": summarise(points, runs), "center": label(*CENTER), "grid": points, "setting": setting,
+            "runs": runs, "quick": quick, "seconds": seconds, **extra}
 
 
 def main() -> None:
     args = _args()
     clock = time.perf_counter()
     if args.merge:
-        runs, shard = merge_shards(args.merge)
+        runs, shard = merge_shards(args.merge, args.import_from)
         points, setting, quick, seconds = shard["grid"], shard["setting"], shard["quick"], shard["seconds"]
         extra = {"shards": shard["shards"], **{k: shard[k] for k in ("machine", "python", "torch", "threads", "cpus")}}
     else:
-        points = grid(args)
-        runs, setting = sweep(args, points)
-        quick, seconds, extra = args.quick, time.perf_counter() - clock, machine()
-    summary = summarise(points, runs)
-    result = {"points": summary, "center": label(*CENTER), "grid": points, "setting": setting, "runs": runs,
-              "quick": quick, "seconds": seconds, **extra}
+        points, quick, extra = grid(args), args.quick, machine()
+
+        def save(runs: dict[str, list[dict[str, Any]]], setting: dict[str, Any]) -> None:  # a killed queue keeps these
+            write_json(args.out, result_of(points, runs, setting, quick, time.perf_counter() - clock, extra))
+
+        runs, setting = sweep(args, points, save)
+        seconds = time.perf_counter() - clock
+    result = result_of(points, runs, setting, quick, seconds, extra)
+    summary = result["points"]
     write_json(args.out, result)
     png = plot(summary, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {png} ({seconds:.0f} s)")
