@@ -11,11 +11,14 @@ w_turn = 0.2, log_ratio): K in ``--horizons``, w_turn in ``--w-turns``, the form
 (chains, no turn term; the reference still scores, so its cost is trace_credit's).
 
 Summary per point (``points`` in the JSON, keyed by label, e.g. ``K=3 w_turn=0.2 log_ratio``):
-``final_accuracy_mean``/``_std`` (unseen world, over seeds), the mean of every other final split
+``final_accuracy_mean``/``_std`` (unseen world, over seeds), ``final_accuracy_by_hops`` (mean, std
+and seeds per hop count), the mean of every other final split
 ``run_one`` reports (``<split>_accuracy_mean``), ``effective_ratio_mean``, ``reward_mean``,
-``total_generated_tokens_mean``, ``delta_vs_center`` (final accuracy minus the default point's) and
-``delta_vs_center_paired`` (``_std``, ``paired_seeds``): the same difference seed by seed over the
-seeds both points ran, the fair one when a partial sweep left points with different seeds.
+``total_generated_tokens_mean``, ``late_tokens_per_step_mean`` (generated tokens per step between
+the last two evaluations: longer episodes mean more searches), ``delta_vs_center`` (final accuracy minus the default point's) and
+``delta_vs_center_paired`` (``_std``, ``_below``: seeds where the point is lower, ``paired_seeds``):
+the same difference seed by seed over the seeds both points ran, the fair one when a partial
+sweep left points with different seeds; ``delta_vs_grpo_paired`` likewise against ``w_turn = 0``.
 
     python benchmarks/credit_sweep.py --quick   # smoke world, smoke tiny model, 4 points x 1 seed x 3 steps: ~2 min
     python benchmarks/credit_sweep.py           # the testbed (--setting bench): 10 points x 3 seeds x 200 steps
@@ -56,12 +59,14 @@ from common import (
     std,
     write_json,
 )
-from sample_efficiency import SETTINGS, run_one, sweep_overrides
+from sample_efficiency import SETTINGS, hops_summary, run_one, sweep_overrides
 
 PRESET = "trace_credit"
 CENTER = (3, 0.2, "log_ratio")
 """The spec's defaults (K = 3, w_turn = 0.2, log-ratio values): every axis of the cross grid passes through it."""
 FORMS = ("log_ratio", "raw_diff", "remaining_gap")
+GRPO_POINT = f"K={CENTER[0]} w_turn=0 {CENTER[2]}"
+"""``w_turn = 0``: the turn term off, GRPO exactly (chains, outcome advantage only)."""
 
 
 def _args() -> argparse.Namespace:
@@ -123,6 +128,14 @@ def point_overrides(point: dict[str, Any]) -> list[str]:
             f"algo.advantage.credit_value={point['credit_value']}"]
 
 
+def late_tokens_per_step(run: dict[str, Any]) -> float | None:
+    """Generated tokens per step between the last two evaluations: how long episodes got by the end."""
+    if len(run["curve"]) < 2:
+        return None
+    a, b = run["curve"][-2], run["curve"][-1]
+    return (b["generated_tokens"] - a["generated_tokens"]) / (b["step"] - a["step"]) if b["step"] > a["step"] else None
+
+
 def summarise(points: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for point in points:
@@ -131,7 +144,8 @@ def summarise(points: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]
             continue
         finals = [r["final"]["unseen"] for r in rs]
         summary = {**{k: point[k] for k in ("horizon", "w_turn", "credit_value", "axes")},
-                   "final_accuracy_mean": mean(finals), "final_accuracy_std": std(finals)}
+                   "final_accuracy_mean": mean(finals), "final_accuracy_std": std(finals),
+                   "final_accuracy_by_hops": hops_summary(rs)}
         for split in rs[0]["final"]:  # whatever splits run_one reports: numbers, or dicts (per hop count)
             values = [r["final"].get(split) for r in rs]
             if split == "unseen":
@@ -144,19 +158,22 @@ def summarise(points: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]
             "effective_ratio_mean": mean([e for r in rs for e in r["effective_ratio"]]),
             "reward_mean": mean([x for r in rs for x in r["reward_mean"]]),
             "total_generated_tokens_mean": mean([r["curve"][-1]["generated_tokens"] for r in rs]),
+            "late_tokens_per_step_mean": mean([late_tokens_per_step(r) for r in rs]),
             "seeds": len(rs), "seed_list": [r["seed"] for r in rs],
         })
         out[point["label"]] = summary
     center = out.get(label(*CENTER), {}).get("final_accuracy_mean")
-    center_by_seed = {r["seed"]: r["final"]["unseen"] for r in runs.get(label(*CENTER), [])}
     for name, summary in out.items():
         acc = summary["final_accuracy_mean"]
         summary["delta_vs_center"] = acc - center if acc is not None and center is not None else None
         # over the seeds both points ran (the seed is shared: same initial model, same evaluation questions)
-        paired = [r["final"]["unseen"] - center_by_seed[r["seed"]] for r in runs[name] if r["seed"] in center_by_seed]
-        summary["delta_vs_center_paired"] = mean(paired)
-        summary["delta_vs_center_paired_std"] = std(paired)
-        summary["paired_seeds"] = len(paired)
+        for key, ref in (("center", label(*CENTER)), ("grpo", GRPO_POINT)):
+            by_seed = {r["seed"]: r["final"]["unseen"] for r in runs.get(ref, [])}
+            paired = [r["final"]["unseen"] - by_seed[r["seed"]] for r in runs[name] if r["seed"] in by_seed]
+            summary[f"delta_vs_{key}_paired"] = mean(paired)
+            summary[f"delta_vs_{key}_paired_std"] = std(paired)
+            summary[f"delta_vs_{key}_paired_below"] = sum(d < 0 for d in paired)  # seeds where the point is worse
+            summary["paired_seeds" if key == "center" else "paired_seeds_grpo"] = len(paired)
     return out
 
 
@@ -180,7 +197,7 @@ def plot(points: dict[str, Any], out: Path) -> Path:
     return save_figure(fig, out)
 
 
-IMPORTED = {"trace_credit": label(*CENTER), "grpo": label(CENTER[0], 0.0, CENTER[2])}
+IMPORTED = {"trace_credit": label(*CENTER), "grpo": GRPO_POINT}
 """A sample-efficiency sweep's presets that are points of this grid: ``trace_credit`` is the centre
 (its defaults), and ``grpo`` is ``w_turn = 0`` (chains, outcome advantage only: the same run,
 bit for bit, as checked on seed 1)."""
@@ -317,7 +334,7 @@ def main() -> None:
     for name, s in summary.items():
         print(f"{name:>28}: final {num(s['final_accuracy_mean'])} +- {num(s['final_accuracy_std'])}  "
               f"eff {num(s['effective_ratio_mean'])}  reward {num(s['reward_mean'])}  "
-              f"delta vs centre {num(s['delta_vs_center'], '+.3f')}")
+              f"delta vs centre {num(s['delta_vs_center_paired'], '+.3f')} (paired, {s['paired_seeds']} seeds)")
 
 
 if __name__ == "__main__":

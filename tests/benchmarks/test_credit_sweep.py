@@ -50,11 +50,16 @@ def test_merge_unites_grids_and_keeps_one_of_identical_twins(tmp_path: Path) -> 
     assert merged["seconds"] == 10.0
     points = cs.summarise(merged["grid"], runs)
     assert points[CENTER]["final_accuracy_mean"] == pytest.approx(0.2625)  # (0.225 + 0.30) / 2
+    assert points[CENTER]["final_accuracy_by_hops"]["1"]["mean"] == pytest.approx(0.2625)
+    assert points[CENTER]["late_tokens_per_step_mean"] == pytest.approx((1001 / 10 + 1002 / 10) / 2)
     # W0 ran seed 1 only: the plain delta compares it with the two-seed centre mean, the paired one with seed 1's
     assert points[W0]["delta_vs_center"] == pytest.approx(0.325 - 0.2625)
     assert points[W0]["delta_vs_center_paired"] == pytest.approx(0.10)
     assert points[W0]["paired_seeds"] == 1 and points[W0]["delta_vs_center_paired_std"] is None
     assert points[CENTER]["delta_vs_center_paired"] == pytest.approx(0.0) and points[CENTER]["paired_seeds"] == 2
+    # against w_turn = 0 (GRPO): the centre's seed 1 is 0.10 below, and only seed 1 is shared
+    assert points[CENTER]["delta_vs_grpo_paired"] == pytest.approx(-0.10)
+    assert points[CENTER]["delta_vs_grpo_paired_below"] == 1 and points[CENTER]["paired_seeds_grpo"] == 1
 
 
 def test_merge_refuses_twins_that_differ_and_settings_that_differ(tmp_path: Path) -> None:
