@@ -24,8 +24,9 @@ sweep left points with different seeds; ``delta_vs_grpo_paired`` likewise agains
     python benchmarks/credit_sweep.py           # the testbed (--setting bench): 10 points x 3 seeds x 200 steps
 
 The full sweep is 30 trace_credit runs of sample_efficiency's length (in the testbed at 100
-steps about 7 min of one core each, 17 when a run collapses: some 3.5-6 hours). Run it in shards, one per core
-(set PYTHONPATH to the checkout so the scripts import its tracerl):
+steps 7-14 min of one core each, final evaluation included, more when a run collapses: some 4-7
+hours). Run it in shards, one per core (set PYTHONPATH to the checkout so the scripts import its
+tracerl):
 
     B=benchmarks/credit_sweep.py
     python $B --seed-list 0 1 --out /tmp/c01.json --work-dir /tmp/c01 &
