@@ -268,6 +268,25 @@ def _levers_table(data: dict[str, Any]) -> str:
                  "final greedy accuracy", "s / step", "base eval s"], rows))
 
 
+def _credit_table(data: dict[str, Any]) -> str:
+    """credit_sweep.py's points: accuracy per hop, and each point against GRPO (``w_turn = 0``) seed by seed."""
+    rows = []
+    for name, m in data["points"].items():
+        by_hops = m.get("final_accuracy_by_hops", {})
+        paired = m.get("delta_vs_grpo_paired")
+        vs = (f"{100 * paired:+.1f} pts, lower in {m['delta_vs_grpo_paired_below']} of {m['paired_seeds_grpo']}"
+              if paired is not None and name != data.get("grpo_point") else "-")
+        rows.append([name, " ".join(str(s) for s in m.get("seed_list", [])), _pm({"mean": m["final_accuracy_mean"],
+                     "std": m["final_accuracy_std"]}), *(_pm(by_hops.get(h)) for h in ("1", "2", "3")), vs,
+                     _fmt(m.get("train_accuracy_mean"), True), _fmt(m.get("late_tokens_per_step_mean")),
+                     _fmt(m["effective_ratio_mean"])])
+    setting = data.get("setting", {})
+    return (_title("credit_sweep", data) + f" (`{setting.get('preset')}`, {setting.get('steps')} steps, lr "
+            f"{setting.get('lr')}, unseen world; w_turn = 0 is GRPO)\n\n" + _table(
+                ["point", "seeds", "unseen-world acc", "1-hop", "2-hop", "3-hop", "vs GRPO, same seeds",
+                 "seen-world acc", "tokens / step at the end", "effective ratio"], rows))
+
+
 def markdown_tables(results: Path = RESULTS) -> str:
     """The README tables from whichever result files exist."""
     parts = []
@@ -294,6 +313,9 @@ def markdown_tables(results: Path = RESULTS) -> str:
                      f"lr {setting.get('lr')}, base accuracy {_fmt(data.get('base_accuracy'), True)})\n\n" + _table(
             ["method", "unseen-world acc", "std", "seen-world acc", "re-drawn facts acc", "effective ratio",
              "tokens to GRPO final", "fraction of GRPO tokens", "tokens to 90% of GRPO final"], rows))
+    path = results / "credit_sweep.json"
+    if path.exists():
+        parts.append(_credit_table(json.loads(path.read_text())))
     path = results / "testbed_levers.json"
     if path.exists():
         parts.append(_levers_table(json.loads(path.read_text())))

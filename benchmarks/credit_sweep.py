@@ -305,7 +305,8 @@ def sweep(args: argparse.Namespace, points: list[dict[str, Any]],
 
 def result_of(points: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]], setting: dict[str, Any],
               quick: bool, seconds: float, extra: dict[str, Any]) -> dict[str, Any]:
-    return {"points": summarise(points, runs), "center": label(*CENTER), "grid": points, "setting": setting,
+    return {"points": summarise(points, runs), "center": label(*CENTER), "grpo_point": GRPO_POINT, "grid": points,
+            "setting": setting,
             "runs": runs, "quick": quick, "seconds": seconds, **extra}
 
 
