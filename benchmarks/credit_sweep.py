@@ -178,7 +178,8 @@ def summarise(points: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]
     return out
 
 
-def plot(points: dict[str, Any], out: Path) -> Path:
+def plot(points: dict[str, Any], out: Path, runs: dict[str, list[dict[str, Any]]] | None = None) -> Path:
+    """Mean final accuracy along each axis, with every seed's run as a dot (seed sets differ by point)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,14 +188,20 @@ def plot(points: dict[str, Any], out: Path) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for ax, axis, title in zip(axes, ("horizon", "w_turn", "credit_value"),
                                ("window K (w_turn 0.2)", "w_turn (K = 3)", "value form (K = 3, w_turn 0.2)")):
-        on = [(p[axis], p) for p in points.values() if axis in p["axes"]]
+        on = [(name, p[axis], p) for name, p in points.items() if axis in p["axes"]]
         if axis != "credit_value":
-            on.sort(key=lambda item: item[0])
-        xs = [str(x) for x, _ in on]
-        ax.errorbar(xs, [p["final_accuracy_mean"] or 0.0 for _, p in on],
-                    yerr=[p["final_accuracy_std"] or 0.0 for _, p in on], marker="o", capsize=3)
+            on.sort(key=lambda item: item[1])
+        xs = [str(x) for _, x, _ in on]
+        ax.plot(xs, [p["final_accuracy_mean"] or 0.0 for _, _, p in on], marker="o", label="mean over seeds")
+        for i, (name, _, p) in enumerate(on):
+            finals = [r["final"]["unseen"] for r in (runs or {}).get(name, [])]
+            ax.scatter([i] * len(finals), finals, s=12, color="grey", alpha=0.7, zorder=3,
+                       label="one seed" if i == 0 and finals else None)
+            ax.annotate(f"n={p['seeds']}", (i, p["final_accuracy_mean"] or 0.0), textcoords="offset points",
+                        xytext=(6, 4), fontsize=7)
         ax.set(title=title, ylabel="final accuracy (unseen world)")
         ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
     return save_figure(fig, out)
 
 
@@ -328,7 +335,7 @@ def main() -> None:
     result = result_of(points, runs, setting, quick, seconds, extra)
     summary = result["points"]
     write_json(args.out, result)
-    png = plot(summary, args.out.with_suffix(".png"))
+    png = plot(summary, args.out.with_suffix(".png"), runs)
     print(f"wrote {args.out} and {png} ({seconds:.0f} s)")
     def num(x: float | None, fmt: str = ".3f") -> str:
         return "-" if x is None else format(x, fmt)
