@@ -39,17 +39,19 @@ import torch
 from common import RESULTS, configure_torch, fresh_dir, machine, mean, resolve, write_json
 from sample_efficiency import sweep_overrides
 
+from tracerl.allocation.predictor import weighted_auc
 from tracerl.core.credit import prefix_values
 from tracerl.core.tree_advantages import trajectory_turn_credit, tree_outcome_turn_advantages
 from tracerl.core.types import Trajectory
 
 
 def auc(positive: list[float], negative: list[float]) -> float | None:
-    """P(a positive scores above a negative), ties counting one half; None without both kinds."""
+    """P(a positive scores above a negative), ties counting one half (the predictor's
+    :func:`~tracerl.allocation.predictor.weighted_auc`, unit weights); None without both kinds."""
     if not positive or not negative:
         return None
-    pos, neg = np.asarray(positive, dtype=float)[:, None], np.asarray(negative, dtype=float)[None, :]
-    return float(((pos > neg).sum() + 0.5 * (pos == neg).sum()) / (pos.size * neg.size))
+    ones, zeros = [1.0] * len(positive), [0.0] * len(negative)
+    return float(weighted_auc(positive + negative, ones + zeros, [0.0] * len(positive) + [1.0] * len(negative)))
 
 
 def useful_transitions(traj: Trajectory, supporting: tuple[str, ...]) -> list[bool]:

@@ -237,14 +237,14 @@ def merge_shards(paths: list[Path], imports: list[Path] = ()) -> tuple[dict[str,
             raise SystemExit(f"{path}: its setting differs from {paths[0]}'s")
     sources: list[tuple[Path, dict[str, Any], dict[str, list[dict[str, Any]]]]] = [
         (p, shard["grid"], shard["runs"]) for p, shard in zip(paths, shards)]
+    grid_of = {p["label"]: p for p in grid(argparse.Namespace(grid="cross", horizons=[CENTER[0]],
+                                                              w_turns=[0.0, CENTER[1]], forms=[CENTER[2]]))}
     for path in imports:
         theirs, runs_by_label = shard_runs(path)
         ours = shards[0]["setting"]
         differ = [k for k in SAME_KNOBS if theirs["setting"].get(k) != ours.get(k)]
         if differ:
             raise SystemExit(f"{path}: its setting differs from {paths[0]}'s in {', '.join(differ)}")
-        grid_of = {p["label"]: p for p in grid(argparse.Namespace(grid="cross", horizons=[CENTER[0]],
-                                                                  w_turns=[0.0, CENTER[1]], forms=[CENTER[2]]))}
         sources.append((path, [grid_of[name] for name in runs_by_label], runs_by_label))
     grid_points: dict[str, dict[str, Any]] = {}
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -260,7 +260,7 @@ def merge_shards(paths: list[Path], imports: list[Path] = ()) -> tuple[dict[str,
                     raise SystemExit(f"{path}: {name} seed {run['seed']} is in two shards with different results")
     runs = {name: sorted(rs, key=lambda r: r["seed"]) for name, rs in runs.items() if rs}
     seeds = sorted({r["seed"] for rs in runs.values() for r in rs})
-    imported = {path.name: {preset: name for preset, name in IMPORTED.items()} for path in imports}
+    imported = {path.name: dict(IMPORTED) for path in imports}
     setting = {**shards[0]["setting"], "seeds": len(seeds), "seed_list": seeds}
     if imported:
         setting["imported"] = imported
@@ -273,13 +273,18 @@ def done_runs(paths: list[Path]) -> set[tuple[str, int]]:
     return {(name, run["seed"]) for path in paths for name, rs in shard_runs(path)[1].items() for run in rs}
 
 
+def slug(name: str) -> str:
+    """A point label as a folder name (work folders and claim markers): ``K=3 w_turn=0.2 x`` -> ``K3_w_turn0.2_x``."""
+    return name.replace(" ", "_").replace("=", "")
+
+
 def claim(claim_dir: Path | None, name: str, seed: int) -> bool:
     """True when this queue may run the job: no claim folder, or it created the job's marker first."""
     if claim_dir is None:
         return True
     claim_dir.mkdir(parents=True, exist_ok=True)
     try:
-        os.mkdir(claim_dir / f"{name.replace(' ', '_').replace('=', '')}-seed{seed}")
+        os.mkdir(claim_dir / f"{slug(name)}-seed{seed}")
     except FileExistsError:
         return False
     return True
@@ -301,7 +306,7 @@ def sweep(args: argparse.Namespace, points: list[dict[str, Any]],
         for point in points:
             if (point["label"], seed) in skip or not claim(args.claim_dir, point["label"], seed):
                 continue
-            folder = args.work_dir / point["label"].replace(" ", "_").replace("=", "")
+            folder = args.work_dir / slug(point["label"])
             local = argparse.Namespace(**{**vars(args), "work_dir": folder})
             print(f"-- {point['label']} seed {seed}", flush=True)
             runs[point["label"]].append(run_one(PRESET, seed, overrides + point_overrides(point), local, base))
@@ -313,8 +318,7 @@ def sweep(args: argparse.Namespace, points: list[dict[str, Any]],
 def result_of(points: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]], setting: dict[str, Any],
               quick: bool, seconds: float, extra: dict[str, Any]) -> dict[str, Any]:
     return {"points": summarise(points, runs), "center": label(*CENTER), "grpo_point": GRPO_POINT, "grid": points,
-            "setting": setting,
-            "runs": runs, "quick": quick, "seconds": seconds, **extra}
+            "setting": setting, "runs": runs, "quick": quick, "seconds": seconds, **extra}
 
 
 def main() -> None:
