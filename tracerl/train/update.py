@@ -85,8 +85,22 @@ def _full_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, temper
     return logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
+FSDP_LOGPROBS = "tracerl_token_logprobs"
+"""Name of the FSDP-registered forward method a sharded model carries (train/distributed.py): calling
+its decoder directly would leave the root's parameters (embeddings, norm, head) sharded."""
+
+
 def token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, temperature: float,
                    chunk: int = LOGPROB_CHUNK) -> Tensor:
+    """:func:`local_token_logprobs`, through the model's FSDP forward method when it is sharded."""
+    sharded = getattr(model, FSDP_LOGPROBS, None)
+    if sharded is not None:
+        return sharded(input_ids, attention_mask, temperature, chunk)
+    return local_token_logprobs(model, input_ids, attention_mask, temperature, chunk)
+
+
+def local_token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, temperature: float,
+                         chunk: int = LOGPROB_CHUNK) -> Tensor:
     """log p(token_t | tokens_<t) at ``temperature`` for every position, [B, L] float32 (0 at t = 0).
 
     The decoder runs once to hidden states [B, L, H]; ``lm_head`` + log-softmax + gather then run

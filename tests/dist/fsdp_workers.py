@@ -1,0 +1,82 @@
+"""Worker side of the FSDP tests, run under torchrun: ``fsdp_workers.py update|checkpoint OUT``.
+
+Each scenario writes rank 0's full (gathered) state dict and metrics to ``OUT`` for the test
+process to compare with the one-process run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fsdp_cases import CASES, advantages, optimizer, settings, tiny_policy, trajectories  # noqa: E402
+
+from tracerl.train.dist_checkpoint import load_sharded, save_sharded  # noqa: E402
+from tracerl.train.dist_update import plan_update, sharded_policy_update, sharded_trainer_logprobs  # noqa: E402
+from tracerl.train.distributed import full_state_dict, init_distributed, scatter_shares, shard_model  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def _step(model, opt, reference, case: str, recompute: bool = False) -> dict[str, float]:
+    tied, kl, signal = CASES[case]
+    world, rank = dist.get_world_size(), dist.get_rank()
+    base = tiny_policy(tied)  # the inputs are built from the initial weights on every rank alike
+    trajs = trajectories(base)
+    shares = plan_update(trajs, advantages(trajs, signal), settings(kl), reference is not None, world) \
+        if rank == 0 else None
+    share = scatter_shares(shares)
+    metrics: dict[str, float] = {}
+    if recompute:
+        (share,), metrics = sharded_trainer_logprobs(model, [share], settings(kl), pad_id=0)
+    metrics.update(sharded_policy_update(model, opt, share, settings(kl), pad_id=0, reference=reference))
+    return metrics
+
+
+def _sharded(case: str, mesh):
+    tied, kl, _ = CASES[case]
+    model = shard_model(tiny_policy(tied), mesh)
+    reference = shard_model(tiny_policy(tied), mesh) if kl > 0 else None
+    return model, optimizer(model), reference
+
+
+def _dump(out: Path, name: str, model, metrics: dict[str, float]) -> None:
+    state = full_state_dict(model)
+    if dist.get_rank() == 0:
+        torch.save(state, out / f"{name}.pt")
+        (out / f"{name}.json").write_text(json.dumps(metrics))
+
+
+def update(out: Path, mesh) -> None:
+    for case in CASES:
+        model, opt, reference = _sharded(case, mesh)
+        _dump(out, case, model, _step(model, opt, reference, case))
+    model, opt, reference = _sharded("tied_kl", mesh)
+    _dump(out, "recompute", model, _step(model, opt, reference, "tied_kl", recompute=True))
+
+
+def checkpoint(out: Path, mesh) -> None:
+    """Step 1, save (DCP), step 2 uninterrupted; then a fresh sharded run loads and does step 2."""
+    model, opt, reference = _sharded("untied_kl", mesh)
+    _step(model, opt, reference, "untied_kl")
+    save_sharded(out / "dcp", model, opt)
+    _dump(out, "after_1", model, {})
+    _dump(out, "uninterrupted_2", model, _step(model, opt, reference, "untied_kl"))
+    model, opt, reference = _sharded("untied_kl", mesh)
+    load_sharded(out / "dcp", model, opt)
+    _dump(out, "resumed_2", model, _step(model, opt, reference, "untied_kl"))
+
+
+if __name__ == "__main__":
+    scenario, folder = sys.argv[1], Path(sys.argv[2])
+    device_mesh = init_distributed("gloo", "cpu", timeout_s=120)
+    try:
+        {"update": update, "checkpoint": checkpoint}[scenario](folder, device_mesh)
+    finally:
+        dist.destroy_process_group()
