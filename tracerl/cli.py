@@ -9,6 +9,7 @@ any failure. The decision is :func:`tracerl.errors.one_line`.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -236,17 +237,30 @@ def train(
     smoke: bool = typer.Option(False, help="Random tiny model on a tiny world: a sanity run in seconds."),
     resume: str = typer.Option(None, "--resume", help="Continue the run in this folder exactly."),
     device: str = typer.Option(None, "--device", help="With --resume: continue on this device (e.g. cuda:0)."),
+    nproc: int = typer.Option(None, "--nproc", help="Training processes (FSDP2, one per GPU), launched through "
+                              "torchrun; rank 0 drives. Sets dist.nproc; with --resume, any count."),
 ) -> None:
     """Train a policy with one of the method presets."""
+    from tracerl.train.launch import launched_rank, launched_world, relaunch, serve_rank
     from tracerl.train.run import resume_training, start_training
 
     if steps is not None and steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
+    if nproc is not None and nproc < 1:
+        raise UsageError(f"--nproc must be >= 1, got {nproc}")
+    if nproc is not None and nproc > 1 and launched_world() == 1:  # torchrun starts N copies of this command
+        raise typer.Exit(relaunch(nproc, sys.argv[1:]))
+    if nproc is None and launched_world() > 1:  # under torchrun (ours drops --nproc: its parser would take it)
+        nproc = launched_world()
+    set_ = [*(set_ or []), *([f"dist.nproc={nproc}"] if nproc is not None and not resume else [])]
+    if launched_rank() > 0:  # under torchrun: ranks > 0 serve the sharded update
+        serve_rank(preset, config, set_, smoke, resume, nproc)
+        return
     _STATE["writing"] = resume or out
     if device is not None and not resume:
         raise UsageError("--device goes with --resume; a fresh start takes --set model.device=...")
     if resume:
-        start = resume_training(resume, steps=steps, device=device)
+        start = resume_training(resume, steps=steps, device=device, nproc=nproc)
     else:
         if not preset or not out:
             raise UsageError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")

@@ -3,6 +3,7 @@
 Layout under ``RUN_DIR``::
 
     ckpt-000004/          policy/ (HF save_pretrained), trainer.pt, config.yaml
+                          (+ dcp/: model and optimiser shards when dist.nproc > 1; train/dist_checkpoint.py)
     LATEST                name of the newest complete checkpoint folder
 
 A checkpoint folder is written under a temporary name and renamed when complete; ``LATEST``
@@ -25,7 +26,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -107,7 +108,7 @@ def first_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
 
 def save_checkpoint(
     run_dir: Path, step: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any], config_yaml: str,
-    keep_last: int = 1,
+    keep_last: int = 1, write_sharded: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically, point ``LATEST`` at it, then keep the newest ``keep_last``.
 
@@ -132,6 +133,8 @@ def save_checkpoint(
         handle.flush()
         os.fsync(handle.fileno())
     (tmp / "config.yaml").write_text(config_yaml)
+    if write_sharded is not None:  # sharded training: every rank writes its shards (DCP) into the same folder
+        write_sharded(tmp / "dcp")
     fsync_tree(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)

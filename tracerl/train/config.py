@@ -29,6 +29,7 @@ from tracerl.rollout.engine import EngineConfig
 from tracerl.rollout.schemes import SCHEMES, SchemeConfig
 from tracerl.train.config_checks import check_budget, check_device, check_extra, check_finite, check_model_source
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, to_dict
+from tracerl.train.dist_config import DistConfig, check_dist
 from tracerl.train.presets import PRESETS, SMOKE
 
 
@@ -398,9 +399,11 @@ class TrainConfig:
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 
     def __post_init__(self) -> None:
         _one_of("<root>", "preset", self.preset, list(PRESETS))
+        check_dist(self)  # the sharded path's limits (train/dist_config.py)
         if self.steps < 1:
             raise ConfigError(f"steps must be >= 1, got {self.steps}")
         if self.algo.policy_loss in SEQUENCE_LEVEL_LOSSES and self.optim.loss_agg != "seq-mean-token-mean":

@@ -41,11 +41,6 @@ def resolve_backend(backend: str, device: str) -> str:
     return backend
 
 
-def launched_world() -> int:
-    """``WORLD_SIZE`` set by torchrun (1 when this process was not launched by it)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def init_distributed(backend: str, device: str, timeout_s: float) -> DeviceMesh:
     """Join the process group torchrun set up (once) and return a 1-D mesh over all ranks.
 

@@ -139,6 +139,10 @@ class Trainer(RunLifecycle):
         self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=o.lr, betas=o.betas,
                                            weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.driver = None  # dist.nproc > 1: FSDP2 over torchrun ranks, rank 0 driving (train/dist_trainer.py)
+        if cfg.dist.nproc > 1:
+            from tracerl.train.dist_trainer import start_driver
+            self.driver = start_driver(self)
         self.scaler = grad_scaler(cfg.model.device, cfg.model.dtype)  # float16 on CUDA only
         self.update_settings = update_settings(cfg)
         self.generator = torch.Generator().manual_seed(cfg.seed)
@@ -224,6 +228,9 @@ class Trainer(RunLifecycle):
         if not pairs:
             return {"loss": 0.0, "grad_norm": 0.0, "kl": 0.0, "clip_fraction": 0.0, "trained_tokens": 0.0,
                     "nonfinite_skipped": 0.0}
+        if self.driver is not None:  # the sharded update on every rank; the sharded reference gives the KL
+            return self.driver.update(pairs, self.config.optim.updates_per_step, self.recompute_old_logprobs,
+                                      self.scheduler)
         # The scorer, not its model: its frozen() disables a LoRA adapter around the KL forward.
         reference = self.reference if (self.reference and self.config.optim.kl_coef > 0) else None
         merged: dict[str, float] = {}

@@ -9,7 +9,7 @@ import yaml
 
 from tracerl.train.checkpoint import latest_checkpoint
 from tracerl.train.config_checks import check_device
-from tracerl.train.config import config_from_yaml, resolve_config
+from tracerl.train.config import TrainConfig, config_from_yaml, resolve_config
 from tracerl.train.loop import Trainer
 from tracerl.train.metrics import console_line, is_interactive
 from tracerl.train.runfolder import RunFolderError, refuse_if_state
@@ -29,8 +29,8 @@ def start_training(preset: str, out: str | Path, *, config_file: str | None = No
     return lambda: _run(trainer, config.steps)
 
 
-def resume_training(run_dir: str | Path, steps: int | None = None,
-                    device: str | None = None) -> Callable[[], list[dict[str, Any]]]:
+def resume_training(run_dir: str | Path, steps: int | None = None, device: str | None = None,
+                    nproc: int | None = None) -> Callable[[], list[dict[str, Any]]]:
     """Continue a run from its newest checkpoint with the config it was started with.
 
     A run killed before its first checkpoint has only ``config.yaml`` (and partial state): it
@@ -38,14 +38,9 @@ def resume_training(run_dir: str | Path, steps: int | None = None,
     on such a folder is refused, so nothing is reused or overwritten without ``--resume``.
     """
     run_dir = Path(run_dir)
-    folder = latest_checkpoint(run_dir)
-    source = (folder if folder is not None else run_dir) / "config.yaml"
-    if not source.is_file():
-        raise RunFolderError(f"{run_dir} has no checkpoint and no config.yaml: not a tracerl run folder")
-    try:
-        config = config_from_yaml(source.read_text())
-    except yaml.YAMLError as err:
-        raise RunFolderError(f"{source} is not valid YAML ({type(err).__name__}); restore it") from None
+    config = read_run_config(run_dir)
+    if nproc is not None:  # a run saved by N processes resumes at any count (its shards are in DCP)
+        config.dist.nproc = nproc
     if steps is not None:
         config.steps = steps
     if device is not None:  # e.g. a run started on cuda:1 continues on a machine with one GPU
@@ -53,6 +48,18 @@ def resume_training(run_dir: str | Path, steps: int | None = None,
     check_device(config.model.device)
     trainer = Trainer(config, run_dir, resume=True)
     return lambda: _run(trainer, config.steps)
+
+
+def read_run_config(run_dir: Path) -> TrainConfig:
+    """The config a run continues with: its newest checkpoint's, else the folder's ``config.yaml``."""
+    folder = latest_checkpoint(run_dir)
+    source = (folder if folder is not None else run_dir) / "config.yaml"
+    if not source.is_file():
+        raise RunFolderError(f"{run_dir} has no checkpoint and no config.yaml: not a tracerl run folder")
+    try:
+        return config_from_yaml(source.read_text())
+    except yaml.YAMLError as err:
+        raise RunFolderError(f"{source} is not valid YAML ({type(err).__name__}); restore it") from None
 
 
 def _run(trainer: Trainer, steps: int) -> list[dict[str, Any]]:

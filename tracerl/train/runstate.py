@@ -24,6 +24,7 @@ from tracerl.train.checkpoint import (
     save_checkpoint,
 )
 from tracerl.train.config import TrainConfig, config_to_yaml
+from tracerl.train.dist_config import load_sharded_state
 from tracerl.train.initial import has_initial, initial_source, write_initial
 from tracerl.train.runfolder import (
     LOCK_FILE,
@@ -71,6 +72,8 @@ class RunLifecycle:
     cursor: int
     totals: dict[str, int]
     nonfinite: dict[str, int]
+    driver: Any = None
+    """Rank 0's :class:`~tracerl.train.dist_trainer.Driver` when ``dist.nproc > 1``."""
 
     def _claim_run_folder(self, resume: bool) -> Path | None:
         """Lock the folder, clear temporaries, check its state; the checkpoint to resume from."""
@@ -145,19 +148,23 @@ class RunLifecycle:
             "cursor": self.cursor,
             "totals": dict(self.totals),
             "nonfinite": dict(self.nonfinite),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.driver is None else None,  # sharded: in dcp/
             "scheduler": self.scheduler.state_dict(),
             "predictor": self.predictor.state_dict() if self.predictor is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": RngState.capture(self.generator).to_dict(),
         }
         return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
-                               config_to_yaml(self.config), self.config.log.keep_last)
+                               config_to_yaml(self.config), self.config.log.keep_last,
+                               write_sharded=self.driver.save if self.driver is not None else None)
 
     def _restore(self, folder: Path) -> None:
         load_policy_into(self.model, folder)
         state = load_trainer_state(folder)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state["optimizer"] is None or self.driver is not None:  # written or read by sharded training
+            load_sharded_state(folder, self.model, self.optimizer, self.driver)
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.predictor is not None and state["predictor"] is not None:
             self.predictor.load_state_dict(state["predictor"])
@@ -173,6 +180,9 @@ class RunLifecycle:
     def close(self, *, discard: bool = False) -> None:
         """Release the run folder (idempotent). ``discard``: a fresh start failed during set-up,
         so remove what it wrote (and the folder when this Trainer created it)."""
+        if getattr(self, "driver", None) is not None:  # the other ranks stop serving
+            self.driver.close()
+            self.driver = None
         if getattr(self, "log", None) is not None:
             self.log.close()
         engine, self.reference_engine = getattr(self, "reference_engine", None), None

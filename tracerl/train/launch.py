@@ -1,0 +1,63 @@
+"""Starting ``tracerl train --nproc N``: torchrun launches N copies of the same command line.
+
+Under torchrun (``WORLD_SIZE`` set) rank 0 runs the Trainer as usual (train/run.py) and the
+other ranks serve the sharded update (train/dist_trainer.py). torch.distributed is not imported
+here: the one-process path never loads it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tracerl.train.config import TrainConfig, resolve_config
+
+
+def launched_rank() -> int:
+    """``RANK`` set by torchrun (0 when this process was not launched by it)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def launched_world() -> int:
+    """``WORLD_SIZE`` set by torchrun (1 when this process was not launched by it)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def relaunch(nproc: int, argv: list[str]) -> int:
+    """Run ``tracerl <argv>`` as ``nproc`` processes on this machine through torchrun
+    (``torch.distributed.run --standalone``); returns its exit code."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           "-m", "tracerl.cli", *without_nproc(argv)]
+    return subprocess.run(cmd, check=False).returncode
+
+
+def without_nproc(argv: list[str]) -> list[str]:
+    """``argv`` less ``--nproc N`` / ``--nproc=N``: torchrun's parser would read ``--nproc`` as its own
+    ``--nproc-per-node``; the launched copies take the count from ``WORLD_SIZE``."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
+
+
+def serve_rank(preset: str | None, config_file: str | None, overrides: list[str], smoke: bool,
+               resume: str | None, nproc: int | None) -> None:
+    """A rank > 0: the same config rank 0 resolves (for the process group's settings), then serve."""
+    from tracerl.train.dist_trainer import serve
+    from tracerl.train.run import read_run_config
+
+    config: TrainConfig
+    if resume:
+        config = read_run_config(Path(resume))
+        if nproc is not None:
+            config.dist.nproc = nproc
+    else:
+        config = resolve_config(preset or "", config_file=config_file, overrides=overrides, smoke=smoke)
+    serve(config)
