@@ -1,4 +1,4 @@
-"""Worker side of the FSDP tests, run under torchrun: ``fsdp_workers.py update|checkpoint OUT``.
+"""Worker side of the FSDP tests, run under torchrun: ``fsdp_workers.py OUT`` (every scenario, one launch).
 
 Each scenario writes rank 0's full (gathered) state dict and metrics to ``OUT`` for the test
 process to compare with the one-process run.
@@ -6,7 +6,6 @@ process to compare with the one-process run.
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 from pathlib import Path
@@ -74,9 +73,10 @@ def checkpoint(out: Path, mesh) -> None:
 
 
 if __name__ == "__main__":
-    scenario, folder = sys.argv[1], Path(sys.argv[2])
+    folder = Path(sys.argv[1])
     device_mesh = init_distributed("gloo", "cpu", timeout_s=120)
     try:
-        {"update": update, "checkpoint": checkpoint}[scenario](folder, device_mesh)
+        update(folder, device_mesh)
+        checkpoint(folder, device_mesh)
     finally:
         dist.destroy_process_group()

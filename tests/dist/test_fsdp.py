@@ -1,12 +1,11 @@
 """FSDP2 on gloo, 2 processes: the sharded update equals one process; DCP resumes across process counts.
 
-Two torchrun launches for the whole module (update scenarios, checkpoint scenario). Run with
+One torchrun launch for the whole module (every scenario of fsdp_workers.py). Run with
 ``make test-dist`` (sets TRACERL_DIST_TESTS=1); the default suite skips this module.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -25,26 +24,24 @@ HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 
 
-def _launch(scenario: str, out: Path) -> None:
+def _launch(out: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TRACERL_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(HERE / "fsdp_workers.py"), scenario, str(out)]
+           str(HERE / "fsdp_workers.py"), str(out)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
 def update_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fsdp_update")
-    _launch("update", out)
+    out = tmp_path_factory.mktemp("fsdp")
+    _launch(out)
     return out
 
 
 @pytest.fixture(scope="module")
-def checkpoint_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fsdp_checkpoint")
-    _launch("checkpoint", out)
-    return out
+def checkpoint_out(update_out: Path) -> Path:
+    return update_out
 
 
 def _one_process(case: str, steps: int = 1, recompute: bool = False) -> tuple[torch.nn.Module, dict[str, float]]:
