@@ -13,7 +13,7 @@ from tracerl.errors import UserError
 from tracerl.train.config_io import ConfigError
 
 DIST_BACKENDS = ("auto", "gloo", "nccl")
-MIXED_PRECISION = ("auto", "bf16", "off")
+MIXED_PRECISION = ("auto", "bf16", "fp32")
 
 
 @dataclass
@@ -31,7 +31,7 @@ class DistConfig:
     """Seconds a collective may wait for the other ranks before the run fails."""
     mixed_precision: str = "auto"
     """FSDP's precision policy: ``bf16`` (parameters gathered in bfloat16, gradients reduced in
-    float32; master weights and AdamW state stay float32 shards), ``off`` (float32 throughout) or
+    float32; master weights and AdamW state stay float32 shards), ``fp32`` (float32 throughout) or
     ``auto`` (``bf16`` when ``model.dtype = bfloat16``)."""
 
     def __post_init__(self) -> None:
