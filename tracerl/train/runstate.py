@@ -154,9 +154,9 @@ class RunLifecycle:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": RngState.capture(self.generator).to_dict(),
         }
+        sharded = {"write_sharded": self.driver.save} if self.driver is not None else {}  # every rank's shards
         return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
-                               config_to_yaml(self.config), self.config.log.keep_last,
-                               write_sharded=self.driver.save if self.driver is not None else None)
+                               config_to_yaml(self.config), self.config.log.keep_last, **sharded)
 
     def _restore(self, folder: Path) -> None:
         load_policy_into(self.model, folder)

@@ -1,0 +1,222 @@
+"""GPU check of the distributed pieces on one GPU: FSDP2 at world size 1 on NCCL, a CUDA-IPC weight
+push between two processes, DCP save/load on CUDA. No Ray, no vLLM, nothing downloaded.
+
+    python benchmarks/gpu_check_dist.py [--out benchmarks/results/gpu_check_dist.json]
+
+A few minutes on one H200. Without CUDA it says so and exits 2; ``--dry-run`` runs the same
+checks on the CPU (gloo, a small model, shared memory instead of CUDA IPC): what the tests do.
+
+Sections (stable keys in the JSON):
+
+- ``fsdp``: a random model of Qwen3-0.6B's shape (``--dry-run``: small), ``fully_shard`` per layer
+  and root with bf16 parameters and float32 gradient reduction; one sharded update against the
+  unsharded update (bf16 autocast) of the same batch, with SGD at lr 1 so the weight change is the
+  gradient: ``relative_gap`` = |change_fsdp - change_plain| / |change_plain| (bf16 tolerance 0.05).
+  Peak memory per phase (shard, update, gather).
+- ``ipc``: the policy's weights pushed to a second process on the same GPU through CUDA IPC
+  (torch.multiprocessing), copied there: GB/s of the second push, equal checksums.
+- ``dcp``: the sharded model and its AdamW state saved with torch.distributed.checkpoint and loaded
+  into a fresh sharded model: equal weights and optimiser state, seconds, size on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+GB = 2**30
+
+
+def _peak(device: str) -> float | None:
+    """Peak allocated GB since the last call (None on the CPU)."""
+    if not device.startswith("cuda"):
+        return None
+    torch.cuda.synchronize()
+    peak = round(torch.cuda.max_memory_allocated() / GB, 3)
+    torch.cuda.reset_peak_memory_stats()
+    return peak
+
+
+def _batch(vocab: int, n: int, length: int) -> tuple[list[Any], list[torch.Tensor]]:
+    from tracerl.core.types import Action, Trajectory, Turn
+
+    g = torch.Generator().manual_seed(0)
+    trajs, advs = [], []
+    for i in range(n):
+        prompt = torch.randint(3, vocab, (length // 4,), generator=g).tolist()
+        answer = torch.randint(3, vocab, (length - len(prompt),), generator=g).tolist()
+        turn = Turn(assistant_ids=answer, observation_ids=[], text="", action=Action(kind="answer", answer="x"),
+                    logprobs=[-5.0] * len(answer))
+        trajs.append(Trajectory(task_id=f"t{i}", group_id="g", prompt_ids=prompt, turns=[turn]))
+        advs.append(torch.full((length,), 1.0 if i % 2 else -1.0))
+    return trajs, advs
+
+
+def _model(device: str, dry: bool) -> Any:
+    from reference_scoring import small_model
+
+    if dry:
+        return small_model(4096, 128, 2, device).float().train()
+    return small_model(0, 0, 0, device, preset="qwen3-0.6b").float().train()
+
+
+def check_fsdp(device: str, dry: bool, mesh: Any) -> tuple[dict[str, Any], Any]:
+    from tracerl.train.dist_update import plan_update, sharded_policy_update
+    from tracerl.train.distributed import full_state_dict, shard_model
+    from tracerl.train.update import UpdateSettings, policy_update
+
+    plain = _model(device, dry)
+    start = {k: v.detach().float().cpu().clone() for k, v in plain.state_dict().items()}
+    n, length, micro = (4, 128, 2) if dry else (8, 1024, 4)
+    trajs, advs = _batch(plain.config.vocab_size, n, length)
+    settings = UpdateSettings(micro_batch_size=micro, temperature=1.0, clip_low=0.2, clip_high=0.28, kl_coef=0.0,
+                              loss_agg="token-mean", grad_clip=1e9, dtype="bfloat16")
+    _peak(device)
+    sharded = shard_model(copy.deepcopy(plain), mesh, "bfloat16")
+    shard_peak = _peak(device)
+    began = time.perf_counter()
+    share = plan_update(trajs, advs, settings, False, 1)[0]
+    metrics = sharded_policy_update(sharded, torch.optim.SGD(sharded.parameters(), lr=1.0), share, settings, 0)
+    seconds = time.perf_counter() - began
+    update_peak = _peak(device)
+    fsdp_state = {k: v.float() for k, v in full_state_dict(sharded).items()}
+    gather_peak = _peak(device)
+    plain_metrics = policy_update(plain, torch.optim.SGD(plain.parameters(), lr=1.0), trajs, advs, settings, 0)
+    plain_state = {k: v.detach().float().cpu().clone() for k, v in plain.state_dict().items()}
+    del plain
+    num = sum(float(((fsdp_state[k] - start[k]) - (plain_state[k] - start[k])).pow(2).sum()) for k in fsdp_state)
+    den = sum(float((plain_state[k] - start[k]).pow(2).sum()) for k in fsdp_state)
+    gap = (num / max(den, 1e-30)) ** 0.5
+    return {"parameters": sum(v.numel() for v in start.values()), "trajectories": n, "tokens_per_trajectory": length,
+            "update_seconds": round(seconds, 3), "loss_fsdp": metrics["loss"], "loss_plain": plain_metrics["loss"],
+            "grad_norm_fsdp": metrics["grad_norm"], "grad_norm_plain": plain_metrics["grad_norm"],
+            "relative_gap": gap, "peak_memory_gb": {"shard": shard_peak, "update": update_peak, "gather": gather_peak},
+            "ok": bool(den > 0 and gap < 0.05 and metrics["nonfinite_skipped"] == 0.0)}, sharded
+
+
+def _receiver(inbox: Any, outbox: Any) -> None:
+    """The second process: copy every pushed tensor into its own memory, answer seconds and checksums."""
+    for _ in range(2):
+        state = inbox.get()
+        began = time.perf_counter()
+        mine = {k: v.clone() for k, v in state.items()}
+        if any(v.is_cuda for v in mine.values()):
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - began
+        del state
+        outbox.put((seconds, {k: float(v.double().sum()) for k, v in mine.items()}))
+
+
+def check_ipc(device: str, dry: bool) -> dict[str, Any]:
+    """Push a model's weights (bf16 on CUDA) twice to a spawned process; the second push is timed."""
+    model = _model(device, dry).to(torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    size = sum(v.numel() * v.element_size() for v in state.values())
+    ctx = mp.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    worker = ctx.Process(target=_receiver, args=(inbox, outbox))
+    worker.start()
+    try:
+        timings = []
+        for _ in range(2):  # the first push also opens the CUDA context in the receiver
+            began = time.perf_counter()
+            inbox.put(state)
+            copy_seconds, sums = outbox.get(timeout=300)
+            timings.append((time.perf_counter() - began, copy_seconds))
+    finally:
+        worker.join(timeout=60)
+    ours = {k: float(v.double().sum()) for k, v in state.items()}
+    total, copy_only = timings[-1]
+    return {"transport": "cuda_ipc" if device.startswith("cuda") else "cpu_shared_memory", "bytes": size,
+            "seconds": round(total, 4), "gb_per_s": round(size / GB / total, 2),
+            "copy_gb_per_s": round(size / GB / max(copy_only, 1e-9), 2), "equal_weights": sums == ours,
+            "ok": bool(sums == ours and worker.exitcode == 0)}
+
+
+def check_dcp(device: str, dry: bool, sharded: Any, mesh: Any, work: Path) -> dict[str, Any]:
+    from tracerl.train.dist_checkpoint import load_sharded, save_sharded
+    from tracerl.train.distributed import full_state_dict, shard_model
+
+    optimizer = torch.optim.AdamW(sharded.parameters(), lr=1e-6)
+    for p in sharded.parameters():  # one AdamW step so there are moments to save
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    began = time.perf_counter()
+    save_sharded(work / "dcp", sharded, optimizer)
+    save_seconds = time.perf_counter() - began
+    fresh = shard_model(_model(device, dry), mesh, "bfloat16")
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-6)
+    began = time.perf_counter()
+    load_sharded(work / "dcp", fresh, fresh_opt)
+    load_seconds = time.perf_counter() - began
+    a, b = full_state_dict(sharded), full_state_dict(fresh)
+    weights = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    moments = all(torch.equal(optimizer.state[p]["exp_avg_sq"].full_tensor(), fresh_opt.state[q]["exp_avg_sq"].full_tensor())
+                  for p, q in zip(sharded.parameters(), fresh.parameters(), strict=True))
+    disk = sum(f.stat().st_size for f in (work / "dcp").rglob("*") if f.is_file())
+    return {"save_seconds": round(save_seconds, 3), "load_seconds": round(load_seconds, 3),
+            "disk_gb": round(disk / GB, 3), "equal_weights": bool(weights), "equal_optimizer": bool(moments),
+            "ok": bool(weights and moments)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="CPU, gloo, a small model (checks the script).")
+    parser.add_argument("--out", default="benchmarks/results/gpu_check_dist.json")
+    args = parser.parse_args()
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_check_dist: no CUDA GPU found (torch.cuda.is_available() is False). Run it on a machine with "
+              "a GPU, or `--dry-run` for a CPU run of the script.", file=sys.stderr)
+        sys.exit(2)
+    device = "cpu" if args.dry_run else "cuda"
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    import torch.distributed as dist
+
+    from tracerl.train.distributed import init_distributed
+
+    mesh = init_distributed("auto", device, timeout_s=300)
+    report: dict[str, Any] = {"setup": {"device": device, "backend": dist.get_backend(), "torch": torch.__version__,
+                                        "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                                        "dry_run": args.dry_run}}
+    work = Path(tempfile.mkdtemp(prefix="tracerl-gpu-check-dist-"))
+    began = time.perf_counter()
+    try:
+        report["fsdp"], sharded = check_fsdp(device, args.dry_run, mesh)
+        print(f"fsdp: {report['fsdp']['ok']} (gap {report['fsdp']['relative_gap']:.2e})", flush=True)
+        report["ipc"] = check_ipc(device, args.dry_run)
+        print(f"ipc: {report['ipc']['ok']} ({report['ipc']['gb_per_s']} GB/s)", flush=True)
+        report["dcp"] = check_dcp(device, args.dry_run, sharded, mesh, work)
+        print(f"dcp: {report['dcp']['ok']}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        dist.destroy_process_group()
+    report["seconds"] = round(time.perf_counter() - began, 1)
+    report["ok"] = all(report[s]["ok"] for s in ("fsdp", "ipc", "dcp"))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: report[k] for k in ("ok", "seconds")}))
+    sys.exit(0 if report["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
