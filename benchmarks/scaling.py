@@ -1,0 +1,76 @@
+"""Scaling: the same smoke run with ``--nproc 1`` and ``--nproc 2`` (FSDP2 training processes).
+
+Each process count trains the same ``grpo --smoke`` run (same seed, the smoke-pretrained tiny
+model) through the CLI, so ``--nproc 2`` goes through torchrun like a user's run. From each
+run's ``metrics.jsonl`` (step 1 dropped: warm-up): step time, the update's time and its share of
+the step, generated tokens per second. The update phase at ``--nproc 2`` includes planning the
+micro-batches, scattering the shares and gathering the new weights into rank 0's copy.
+
+    python benchmarks/scaling.py                 # nproc 1 and 2, 6 steps each: ~2 min on 2 cores
+    python benchmarks/scaling.py --steps 4 --nproc 1 2 4
+
+On a 2-core CPU machine two processes share the cores the one process had, so a slowdown is
+expected; what carries over to GPUs is the share of the step each phase takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from common import RESULTS, fresh_dir, machine, mean, write_json
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ["grpo", "--smoke", "--set", "model.name_or_path=tiny", "--set", "model.tiny_preset=smoke",
+         "--set", "data.verifier=answered", "--set", "eval.every=0", "--set", "eval.size=4",
+         "--set", "log.checkpoint_every=1000"]
+
+
+def run_once(nproc: int, steps: int, work: Path) -> dict[str, Any]:
+    """Train ``steps`` steps at ``nproc`` processes; per-step means from step 2 on."""
+    out = fresh_dir(work / f"nproc{nproc}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TRACERL_THREADS": "1",
+           "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "tracerl.cli", "train", *SMOKE, "--steps", str(steps), "--out", str(out / "run"),
+           "--nproc", str(nproc)]
+    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    records = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()][1:]
+    step = mean([r["step_seconds"] for r in records])
+    update = mean([r["time_update"] for r in records])
+    return {
+        "nproc": nproc,
+        "steps_measured": len(records),
+        "step_seconds": step,
+        "update_seconds": update,
+        "update_share": (update / step) if step and update is not None else None,
+        "rollout_share": mean([r["time_rollout"] / r["step_seconds"] for r in records]),
+        "generated_tokens_per_s": mean([r["generated_tokens_per_s"] for r in records]),
+        "losses": [r["loss"] for r in records],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--out", default=str(RESULTS / "scaling.json"))
+    args = parser.parse_args()
+    work = fresh_dir(Path(os.environ.get("TMPDIR", "/tmp")) / "tracerl-scaling")
+    runs = [run_once(n, args.steps, work) for n in args.nproc]
+    base = runs[0]["step_seconds"]
+    for r in runs:
+        r["step_time_over_first"] = (r["step_seconds"] / base) if base else None
+    write_json(Path(args.out), {"machine": machine(), "setting": "grpo --smoke, tiny smoke model, gloo on CPU",
+                                "steps": args.steps, "runs": runs})
+    for r in runs:
+        print(f"nproc {r['nproc']}: step {r['step_seconds']:.3f} s, update {r['update_seconds']:.3f} s "
+              f"({100 * r['update_share']:.0f}%), x{r['step_time_over_first']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
