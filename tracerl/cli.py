@@ -241,15 +241,13 @@ def train(
                               "torchrun; rank 0 drives. Sets dist.nproc; with --resume, any count."),
 ) -> None:
     """Train a policy with one of the method presets."""
-    from tracerl.train.launch import launched_rank, launched_world, relaunch, serve_rank
+    from tracerl.train.launch import check_launch, launched_rank, launched_world, relaunch, serve_rank
     from tracerl.train.run import resume_training, start_training
 
     if steps is not None and steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")
     if nproc is not None and nproc < 1:
         raise UsageError(f"--nproc must be >= 1, got {nproc}")
-    if nproc is not None and nproc > 1 and launched_world() == 1:  # torchrun starts N copies of this command
-        raise typer.Exit(relaunch(nproc, sys.argv[1:]))
     if nproc is None and launched_world() > 1:  # under torchrun (ours drops --nproc: its parser would take it)
         nproc = launched_world()
     set_ = [*(set_ or []), *([f"dist.nproc={nproc}"] if nproc is not None and not resume else [])]
@@ -259,6 +257,11 @@ def train(
     _STATE["writing"] = resume or out
     if device is not None and not resume:
         raise UsageError("--device goes with --resume; a fresh start takes --set model.device=...")
+    if nproc is not None and nproc > 1 and launched_world() == 1:  # checked here, then torchrun starts N copies
+        if not resume and (not preset or not out):
+            raise UsageError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")
+        check_launch(preset, config, set_, smoke, resume, out, nproc)
+        raise typer.Exit(relaunch(nproc, sys.argv[1:]))
     if resume:
         start = resume_training(resume, steps=steps, device=device, nproc=nproc)
     else:

@@ -78,3 +78,34 @@ import tracerl.cli
     assert not {m for m in loaded if m.startswith(("ray", "tracerl."))}
     assert loaded <= baseline, sorted(loaded - baseline)
     assert "torch.distributed.checkpoint.state_dict" not in loaded  # what train/dist_checkpoint.py needs
+
+
+def test_bad_nproc_runs_fail_in_one_line_before_any_launch(tmp_path: Path) -> None:
+    """Checked in this process before torchrun would start: one stderr line, exit 1, no folder."""
+    from typer.testing import CliRunner
+
+    from tracerl.cli import app
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train", "grpo", "--smoke", "--out", str(out), "--nproc", "2",
+                                      "--set", "dist.backend=nccl"])
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "dist.backend = 'nccl' needs model.device = 'cuda'" in lines[0], result.stderr
+    assert not out.exists()
+    result = CliRunner().invoke(app, ["train", "grpo", "--smoke", "--out", str(out), "--nproc", "0"])
+    assert result.exit_code == 2 and "--nproc must be >= 1" in result.stderr
+
+
+def test_a_one_process_checkpoint_is_not_resumed_at_two(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tracerl.cli import app
+    from tracerl.train.run import start_training
+
+    run = tmp_path / "run"
+    start_training("grpo", run, overrides=["eval.every=0", "eval.size=2", "rollout.budget=4", "rollout.pool_size=2"],
+                   steps=1, smoke=True)()
+    result = CliRunner().invoke(app, ["train", "--resume", str(run), "--nproc", "2"])
+    assert result.exit_code == 1, result.output
+    assert "was written by one process" in result.stderr and "--nproc 1" in result.stderr

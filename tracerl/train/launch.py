@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from tracerl.train.config import TrainConfig, resolve_config
+from tracerl.train.dist_config import CheckpointStateError
 
 
 def launched_rank() -> int:
@@ -45,6 +46,31 @@ def without_nproc(argv: list[str]) -> list[str]:
         elif not arg.startswith("--nproc="):
             out.append(arg)
     return out
+
+
+def check_launch(preset: str | None, config_file: str | None, overrides: list[str], smoke: bool,
+                 resume: str | None, out: str | None, nproc: int) -> None:
+    """What would fail on every rank, checked once before torchrun starts them (one line, exit 1)."""
+    from tracerl.train.checkpoint import latest_checkpoint
+    from tracerl.train.config_checks import check_model_source
+    from tracerl.train.data import check_task_files
+    from tracerl.train.dist_config import DCP_FOLDER, check_dist
+    from tracerl.train.runfolder import refuse_if_state
+    from tracerl.train.run import read_run_config
+
+    if resume:
+        config = read_run_config(Path(resume))
+        config.dist.nproc = nproc
+        check_dist(config)
+        folder = latest_checkpoint(Path(resume))
+        if folder is not None and not (folder / DCP_FOLDER / ".metadata").is_file():
+            raise CheckpointStateError(f"{folder} was written by one process (no {DCP_FOLDER}/ with the sharded "
+                                       "optimiser); resume it with --nproc 1")
+        return
+    config = resolve_config(preset or "", config_file=config_file, overrides=overrides, smoke=smoke)
+    check_task_files(config.data)
+    check_model_source(config.model.name_or_path)
+    refuse_if_state(Path(out or "."))
 
 
 def serve_rank(preset: str | None, config_file: str | None, overrides: list[str], smoke: bool,

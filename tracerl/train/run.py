@@ -10,6 +10,7 @@ import yaml
 from tracerl.train.checkpoint import latest_checkpoint
 from tracerl.train.config_checks import check_device
 from tracerl.train.config import TrainConfig, config_from_yaml, resolve_config
+from tracerl.train.dist_config import check_dist
 from tracerl.train.loop import Trainer
 from tracerl.train.metrics import console_line, is_interactive
 from tracerl.train.runfolder import RunFolderError, refuse_if_state
@@ -41,6 +42,7 @@ def resume_training(run_dir: str | Path, steps: int | None = None, device: str |
     config = read_run_config(run_dir)
     if nproc is not None:  # a run saved by N processes resumes at any count (its shards are in DCP)
         config.dist.nproc = nproc
+        check_dist(config)
     if steps is not None:
         config.steps = steps
     if device is not None:  # e.g. a run started on cuda:1 continues on a machine with one GPU
