@@ -94,6 +94,13 @@ def test_recomputed_old_logprobs_on_the_same_plan(update_out: Path) -> None:
     assert theirs["logprob_mismatch_max"] > 0.1  # the shifted sampler log-probs (0.3 * sin) show
 
 
+def test_a_nonfinite_row_on_one_rank_makes_every_rank_skip(update_out: Path) -> None:
+    report = json.loads((update_out / "nonfinite.json").read_text())
+    assert report["rank1_holds_nan_row"] == 1.0 and report["rank0_holds_nan_row"] == 0.0
+    assert report["skipped"] == [1.0, 1.0]
+    _assert_same_weights(tiny_policy(True), torch.load(update_out / "nonfinite.pt"), atol=0)  # nothing stepped
+
+
 def test_resume_at_two_ranks_equals_the_uninterrupted_run(checkpoint_out: Path) -> None:
     uninterrupted = torch.load(checkpoint_out / "uninterrupted_2.pt")
     resumed = torch.load(checkpoint_out / "resumed_2.pt")

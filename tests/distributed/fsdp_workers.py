@@ -58,6 +58,24 @@ def update(out: Path, mesh) -> None:
         _dump(out, case, model, _step(model, opt, reference, case))
     model, opt, reference = _sharded("tied_kl", mesh)
     _dump(out, "recompute", model, _step(model, opt, reference, "tied_kl", recompute=True))
+    _nonfinite(out, mesh)
+
+
+def _nonfinite(out: Path, mesh) -> None:
+    """A NaN old log-prob on a row only rank 1 trains: the reduced loss is NaN, so both ranks skip."""
+    model, opt, _ = _sharded("tied_nokl", mesh)
+    trajs = trajectories(tiny_policy(True))
+    advs = advantages(trajs, None)
+    trajs[4].turns[0].logprobs[0] = float("nan")  # by length: [0, 3] [1, 4] [2, 5]; [1, 4] is rank 1's
+    shares = plan_update(trajs, advs, settings(0.0), False, dist.get_world_size()) if dist.get_rank() == 0 else None
+    share = scatter_shares(shares)
+    held = any(t.task_id == "4" for rows in share.rounds for t, _ in rows)
+    metrics = sharded_policy_update(model, opt, share, settings(0.0), pad_id=0)
+    metrics[f"rank{dist.get_rank()}_holds_nan_row"] = float(held)
+    box = [None] * dist.get_world_size()
+    dist.all_gather_object(box, metrics)
+    _dump(out, "nonfinite", model, {k: v for m in box for k, v in m.items() if k.startswith("rank")}
+          | {"skipped": [m["nonfinite_skipped"] for m in box]})
 
 
 def checkpoint(out: Path, mesh) -> None:
