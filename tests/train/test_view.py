@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -15,7 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 from tracerl.cli import app
-from tracerl.core.advantages import _spread
+from tracerl.core.advantages import AdvantageBatch, AdvantageOptions, get_estimator
 from tracerl.core.types import Action, RolloutTree, Task, Trajectory, Turn
 from tracerl.train.rollout_log import RolloutLog, logged_steps, read_step, step_file
 from tracerl.train.view import ViewError, render_run
@@ -55,12 +57,20 @@ class ConstantPredictor:
         return [0.1 * (n + 1) for n in node_ids]
 
 
-def write_run(run_dir: Path, steps: int = 2) -> None:
+OPTIONS = AdvantageOptions()  # log_ratio values, eps 0.1, K 3, g 0.8, kappa 2, w_out 1, w_turn 0.2
+V1 = math.log(2.1 / 0.6)  # V_1 = log(d_0/d_1), d_k = -l_k + 0.1: d_0 = 2.1, d_1 = 0.6 (V_0 = 0)
+# One transition (T = 1): c_0 = V_1 - V_0 + kappa * g^1 * A_out, A_out = +1 (win), -1 (loss)
+# (rewards 1 and 0 in one group: mean 0.5, population std 0.5).
+C_WIN, C_LOSS = V1 + 2.0 * 0.8, V1 - 2.0 * 0.8
+
+
+def write_run(run_dir: Path, steps: int = 2, credit: AdvantageOptions | None = OPTIONS) -> None:
+    """Steps of the branching tree, advantages from the real trace_credit estimator."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    log = RolloutLog(run_dir, {"t1": TASK})
+    log = RolloutLog(run_dir, {"t1": TASK}, credit=credit)
     for step in range(1, steps + 1):
         tree, trajs = branching_tree()
-        advantages = [_spread(t, torch.tensor([0.5, a])) for t, a in zip(trajs, (1.0, -1.0))]
+        advantages = get_estimator("trace_credit")(AdvantageBatch(trajs, {tree.tree_id: tree}), OPTIONS)
         log.write(step, [tree], advantages, ConstantPredictor())
     lines = [{"step": s, "reward_mean": 0.5, "loss": 0.25 * s, "rollouts": 2} for s in range(1, steps + 1)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
@@ -79,8 +89,24 @@ def test_rollout_record_holds_the_tree_readiness_advantage_and_predictor(tmp_pat
     assert [n["predictor"] for n in nodes] == pytest.approx([0.1, 0.2, 0.3, 0.4])
     assert [n["readiness"] for n in nodes] == [-2.0, -0.5, None, None]
     wins = [t for t in record["trajectories"] if t["reward"] == 1.0]
-    assert wins[0]["readiness"] == [-2.0, -0.5] and wins[0]["turn_advantage"] == [0.5, 1.0]
+    # search turn: w_out * A (+1, no anchor above it) + w_turn * c_0; answer turn: A + the anchor's +1
+    assert wins[0]["readiness"] == [-2.0, -0.5]
+    assert wins[0]["turn_advantage"] == pytest.approx([1.0 + 0.2 * C_WIN, 2.0], abs=1e-5)
     assert wins[0]["node_path"] == [0, 1, 2]
+
+
+def test_record_holds_the_values_and_credit_the_estimator_used(tmp_path: Path) -> None:
+    write_run(tmp_path, steps=1)
+    (record,) = read_step(tmp_path, 1)
+    win, loss = sorted(record["trajectories"], key=lambda t: -t["reward"])
+    assert (win["outcome_advantage"], loss["outcome_advantage"]) == (1.0, -1.0)
+    assert win["values"] == pytest.approx([0.0, V1], abs=1e-5) and loss["values"] == win["values"]
+    assert win["credit"] == pytest.approx([C_WIN], abs=1e-5) and loss["credit"] == pytest.approx([C_LOSS], abs=1e-5)
+    assert record["credit_options"] == {"value": "log_ratio", "eps": 0.1, "horizon": 3, "gamma": 0.8,
+                                        "terminal_scale": 2.0, "w_out": 1.0, "w_turn": 0.2}
+    write_run(tmp_path / "off", steps=1, credit=None)  # algo.credit off: nothing to record
+    (off,) = read_step(tmp_path / "off", 1)
+    assert off["credit_options"] is None and off["trajectories"][0]["credit"] is None
 
 
 def test_record_and_page_show_the_decoded_prompt(tmp_path: Path) -> None:
@@ -136,12 +162,55 @@ def test_pages_show_nodes_rewards_credit_and_link_steps(tmp_path: Path) -> None:
     assert page.classes.count("win") == 1 and page.classes.count("loss") == 1 and page.classes.count("branch") == 1
     assert "reward 1.000" in text and "reward 0.000" in text
     assert "l=-0.500" in text and "V=0.200" in text
-    assert "1.500" in text  # credit l_1 - l_0 = -0.5 - (-2.0)
     assert page.external == []  # self-contained: no script or stylesheet from elsewhere
     listing = _Collect()
     listing.feed(index.read_text())
     assert listing.links == ["step-000001.html", "step-000002.html"]
     assert "0.5000" in " ".join(listing.text)  # step 2's loss
+
+
+def _cells(html: str, name: str) -> list[str]:
+    return re.findall(rf'<td class="{name}">([^<]*)</td>', html)
+
+
+def test_the_table_shows_l_v_c_and_token_advantage_under_their_names(tmp_path: Path) -> None:
+    write_run(tmp_path / "run", steps=1)
+    html = (render_run(tmp_path / "run").parent / "step-000001.html").read_text()
+    for name in ("l<sub>k</sub> readiness", "V<sub>k</sub> value", "c<sub>k</sub> credit", "token advantage",
+                 "A<sub>out</sub> outcome advantage"):
+        assert f"<th>{name}</th>" in html
+    assert "\u0394l" not in html and "1.500" not in html  # the raw readiness difference is no column
+    # rows: win's search and answer turn, then loss's; the answer turn has no l, V or c of its own
+    assert _cells(html, "readiness") == ["-0.500", "\u2013", "-0.500", "\u2013"]
+    assert _cells(html, "value") == [f"{V1:.3f}", "\u2013"] * 2 == ["1.253", "\u2013", "1.253", "\u2013"]
+    assert _cells(html, "credit") == [f"{C_WIN:.3f}", "\u2013", f"{C_LOSS:.3f}", "\u2013"]
+    assert _cells(html, "credit")[::2] == ["2.853", "-0.347"]
+    assert _cells(html, "advantage") == [f"{1 + 0.2 * C_WIN:.3f}", "2.000", f"{-1 + 0.2 * C_LOSS:.3f}", "-2.000"]
+    assert "K = 3" in html and "&kappa; = 2.00" in html  # the legend names the options used
+
+
+def test_step_page_has_a_contents_table_and_folded_trees(tmp_path: Path) -> None:
+    log = RolloutLog(tmp_path, {"t1": TASK}, credit=OPTIONS)
+    trees = [branching_tree()[0] for _ in range(3)]
+    for i, tree in enumerate(trees):
+        tree.tree_id = f"t1@{i}"
+    log.write(1, trees, [torch.zeros(len(t.token_ids)) for tree in trees for t in tree.trajectories.values()])
+    html = (render_run(tmp_path).parent / "step-000001.html").read_text()
+    toc = re.findall(r'<tr class="toc"><td class="l"><a href="#(tree-\d+)">', html)
+    assert toc == ["tree-0", "tree-1", "tree-2"]
+    assert re.findall(r'<details class="rollout-tree" id="(tree-\d+)">', html) == toc  # folded until opened
+    assert html.count('<tr class="toc">') == 3 and "<td>4</td><td>2</td><td>1</td><td>1</td>" in html
+
+
+def test_index_lists_the_credit_and_predictor_metrics(tmp_path: Path) -> None:
+    write_run(tmp_path, steps=1)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(
+        {"step": 1, "reward_mean": 0.5, "readiness_gain_mean": 1.5, "predictor_brier": 0.125,
+         "predictor_auc": 0.75, "kl": 0.01}) + "\n")
+    html = render_run(tmp_path).read_text()
+    heads = re.findall(r"<th>([^<]*)</th>", html)
+    assert heads[-3:] == ["readiness_gain_mean", "predictor_auc", "predictor_brier"]
+    assert "<td>1.5000</td><td>0.7500</td><td>0.1250</td>" in html
 
 
 def test_view_errors_are_one_line(tmp_path: Path) -> None:
