@@ -106,16 +106,20 @@ def record_lines(path: Path, *, max_line: int = MAX_LINE_BYTES,
             while raw := handle.readline(max_line + 1):
                 number, total = number + 1, total + len(raw)
                 if len(raw) > max_line:
-                    raise RolloutRecordError(f"{path}:{number}: a record decompresses to more than {max_line} "
-                                             "bytes (rollout_log.MAX_LINE_BYTES); the file is not one tracerl wrote")
+                    raise RolloutRecordError(f"{path}:{number}: a record decompresses to more than {_size(max_line)} "
+                                             "(rollout_log.MAX_LINE_BYTES); the file is not one tracerl wrote")
                 if total > max_file:
-                    raise RolloutRecordError(f"{path}:{number}: the file decompresses to more than {max_file} "
-                                             "bytes (rollout_log.MAX_FILE_BYTES); the file is not one tracerl wrote")
+                    raise RolloutRecordError(f"{path}:{number}: the file decompresses to more than {_size(max_file)} "
+                                             "(rollout_log.MAX_FILE_BYTES); the file is not one tracerl wrote")
                 if raw.strip():
                     yield number, _parse(path, number, raw)
     except (OSError, EOFError, zlib.error) as err:
         raise RolloutRecordError(f"{path}:{number + 1}: damaged gzip ({type(err).__name__}); "
                                  "rerun the step or delete the file") from None
+
+
+def _size(limit: int) -> str:
+    return f"{limit / 2**20:g} MiB" if limit >= 2**20 else f"{limit} bytes"
 
 
 def _parse(path: Path, number: int, raw: bytes) -> Any:
