@@ -6,6 +6,11 @@ rollout axes use compact engineering labels (``100k``, ``1.2M``) on at most a fe
 labels never overlap. Accuracy curves start at step 0 when the run evaluated its initial
 policy (``eval.at_start: true``); otherwise they start at the first evaluation. ``smooth``
 draws an exponential moving average over the raw (faded) points.
+
+The training-reward panel says under its title that it is no comparison between methods: its
+value depends on which prompts were trained on, and TRACE allocation spends its budget on
+prompts it predicts to be solvable (easier ones), so its training reward runs higher at equal
+skill. Held-out accuracy (the first two panels) is the comparison.
 """
 
 from __future__ import annotations
@@ -76,7 +81,9 @@ PANELS = (  # (x key, y key, x label, y label, title)
     ("tokens", "eval_accuracy", "generated tokens (cumulative)", "held-out accuracy", "Accuracy vs tokens"),
     ("cum_rollouts", "eval_accuracy", "continuation rollouts (cumulative)", "held-out accuracy", "Accuracy vs rollouts"),
     ("step", "effective_ratio", "step", "effective ratio", "Share of mixed groups"),
-    ("step", "reward_mean", "step", "mean reward", "Training reward"),
+    ("step", "reward_mean", "step", "mean reward",
+     "Training reward\n(depends on which prompts were chosen: TRACE picks\neasier ones; "
+     "compare held-out accuracy)"),
     ("step", "loss", "step", "policy loss", "Loss"),
     ("step", "turns_mean", "step", "turns per trajectory", "Turns"),
 )
