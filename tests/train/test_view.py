@@ -116,15 +116,16 @@ def test_pages_show_nodes_rewards_credit_and_link_steps(tmp_path: Path) -> None:
 
 
 def _cells(html: str, name: str) -> list[str]:
-    return re.findall(rf'<td class="{name}">([^<]*)</td>', html)
+    return re.findall(rf'<td class="{name}"[^>]*>([^<]*)</td>', html)
 
 
 def test_the_table_shows_l_v_c_and_token_advantage_under_their_names(tmp_path: Path) -> None:
     write_run(tmp_path / "run", steps=1)
     html = (render_run(tmp_path / "run").parent / "step-000001.html").read_text()
-    for name in ("l<sub>k</sub> readiness", "V<sub>k</sub> value", "c<sub>k</sub> credit", "token advantage",
-                 "A<sub>out</sub> outcome advantage"):
+    for name in ("l<sub>k+1</sub> readiness after", "V<sub>k+1</sub> value after", "c<sub>k</sub> credit",
+                 "token advantage", "A<sub>out</sub> outcome advantage"):
         assert f"<th>{name}</th>" in html
+    assert _cells(html, "outcome") == ["1.000", "-1.000"] and _cells(html, "k") == ["0", "\u2013"] * 2
     assert "\u0394l" not in html and "1.500" not in html  # the raw readiness difference is no column
     # rows: win's search and answer turn, then loss's; the answer turn has no l, V or c of its own
     assert _cells(html, "readiness") == ["-0.500", "\u2013", "-0.500", "\u2013"]

@@ -116,9 +116,11 @@ def tree_list(nodes: tuple[NodeView, ...]) -> str:
 
 
 class TurnRow(NamedTuple):
-    """One turn of a trajectory: its action, and after it ``l_k``, ``V_k``, ``c_k``; its token advantage."""
+    """One turn of a trajectory: its action; for transition ``k`` (``S_k -> S_{k+1}``), ``k``, the
+    readiness ``l_{k+1}`` and value ``V_{k+1}`` after it and its credit ``c_k``; its token advantage."""
 
     action: str
+    transition: int | None
     readiness: float | None
     value: float | None
     credit: float | None
@@ -130,44 +132,46 @@ def _at(values: tuple[float | None, ...] | None, i: int) -> float | None:
 
 
 def turn_rows(traj: TrajectoryView, by_id: dict[int, NodeView]) -> list[TurnRow]:
-    """Per turn: action, ``l_k`` and ``V_k`` at the boundary it reaches, the credit ``c_{k-1}`` of
-    that transition, and the mean advantage of its sampled tokens.
+    """Per turn: action and, for a transition turn ``k``, ``l_{k+1}`` and ``V_{k+1}`` at the boundary it
+    reaches and its credit ``c_k``; then the mean advantage of its sampled tokens.
 
-    Only transition turns (those ending in an observation) reach a new boundary ``S_k``; the
-    answer turn has no ``l``, ``V`` or ``c`` of its own (spec section 2: readiness is scored at
-    boundaries, credit is per transition).
+    Only transition turns (those ending in an observation) reach a new boundary; the answer turn
+    has no ``l``, ``V`` or ``c`` of its own (spec section 2: readiness is scored at boundaries,
+    credit is per transition, and ``trace_credit`` puts ``c_k`` on transition ``k``'s tokens).
     """
     rows, k = [], 0
     for i, nid in enumerate(traj.node_path[1:]):
         kind = by_id[nid].action if nid in by_id else "?"
-        level = value = credit = None
-        if kind != "answer":
-            k += 1
-            level, value, credit = _at(traj.readiness, k), _at(traj.values, k), _at(traj.credit, k - 1)
-        rows.append(TurnRow(kind, level, value, credit, _at(traj.turn_advantage, i)))
+        if kind == "answer":
+            rows.append(TurnRow(kind, None, None, None, None, _at(traj.turn_advantage, i)))
+            continue
+        rows.append(TurnRow(kind, k, _at(traj.readiness, k + 1), _at(traj.values, k + 1), _at(traj.credit, k),
+                            _at(traj.turn_advantage, i)))
+        k += 1
     return rows
 
 
 TABLE_HEAD = ("<tr><th>leaf</th><th>reward</th><th>answer</th><th>l<sub>0</sub></th>"
-              "<th>A<sub>out</sub> outcome advantage</th><th>turn</th><th>action</th>"
-              "<th>l<sub>k</sub> readiness</th><th>V<sub>k</sub> value</th><th>c<sub>k</sub> credit</th>"
-              "<th>token advantage</th></tr>")
+              "<th>A<sub>out</sub> outcome advantage</th><th>turn</th><th>action</th><th>k</th>"
+              "<th>l<sub>k+1</sub> readiness after</th><th>V<sub>k+1</sub> value after</th>"
+              "<th>c<sub>k</sub> credit</th><th>token advantage</th></tr>")
 
 
 def trajectory_table(tree: TreeView) -> str:
-    """One table per tree: each trajectory's reward, ``l_0``, ``A_out``, and per turn ``l_k``, ``V_k``,
-    ``c_k`` and the token advantage, each in its own column."""
+    """One table per tree: each trajectory's reward, ``l_0``, ``A_out``, and per turn ``l_{k+1}``,
+    ``V_{k+1}``, ``c_k`` and the token advantage, each in its own column."""
     by_id = {n.id: n for n in tree.nodes}
     body = []
     for traj in tree.trajectories:
-        rows = turn_rows(traj, by_id) or [TurnRow("\u2013", None, None, None, None)]
+        rows = turn_rows(traj, by_id) or [TurnRow("\u2013", None, None, None, None, None)]
         flag = ' <span class="muted">(infra failure)</span>' if traj.infra_failed else ""
         span = f' rowspan="{len(rows)}"'
         for i, row in enumerate(rows):
             lead = (f'<td{span}>{_fmt(traj.leaf)}</td><td{span} class="reward">{_fmt(traj.reward)}{flag}</td>'
                     f'<td{span} class="l">{_fmt(traj.answer)}</td><td{span}>{_fmt(_at(traj.readiness, 0))}</td>'
-                    f"<td{span}>{_fmt(traj.outcome_advantage)}</td>" if i == 0 else "")
+                    f'<td class="outcome"{span}>{_fmt(traj.outcome_advantage)}</td>' if i == 0 else "")
             body.append(f'<tr class="turn">{lead}<td>{i + 1}</td><td class="l">{escape(row.action)}</td>'
+                        f'<td class="k">{_fmt(row.transition)}</td>'
                         f'<td class="readiness">{_fmt(row.readiness)}</td><td class="value">{_fmt(row.value)}</td>'
                         f'<td class="credit">{_fmt(row.credit)}</td>'
                         f'<td class="advantage">{_fmt(row.advantage)}</td></tr>')
@@ -246,8 +250,8 @@ def _credit_legend(trees: list[TreeView]) -> str:
              "remaining_gap": "(d<sub>0</sub> - d<sub>k</sub>)/d<sub>0</sub>"}
     form = forms.get(options.value, escape(options.value))
     return (f"V<sub>k</sub> = {form} with d<sub>k</sub> = -l<sub>k</sub> + {_fmt(options.eps, 3)} "
-            f"(value form <code>{escape(options.value)}</code>); c<sub>k</sub>: TRACE turn credit of the "
-            f"transition into S<sub>k</sub>, the normalised discounted window of V<sub>j+1</sub> - V<sub>j</sub> "
+            f"(value form <code>{escape(options.value)}</code>); c<sub>k</sub>: TRACE turn credit of "
+            f"transition k, the normalised discounted window of V<sub>j+1</sub> - V<sub>j</sub> from j = k "
             f"(K = {_fmt(options.horizon)}, g = {_fmt(options.gamma, 2)}) plus the terminal fill "
             f"&kappa; g<sup>T-k</sup> A<sub>out</sub> (&kappa; = {_fmt(options.terminal_scale, 2)}); "
             f"A<sub>out</sub>: the leaf's group GRPO advantage. The trace_credit estimator puts "
@@ -259,7 +263,8 @@ def _legend(trees: list[TreeView]) -> str:
     return ('<p class="muted legend">Node cards: l: reference readiness of the prefix (mean log-prob of the '
             "gold answer); V: the success predictor's P(success) before this step's predictor update; "
             "V\u0302: mean reward of the leaves below; orange outline: a branching node. Tables: "
-            f"l<sub>k</sub>: readiness at the boundary the turn reaches; {_credit_legend(trees)}; token "
+            "each turn but the answer is a transition k (S<sub>k</sub> &rarr; S<sub>k+1</sub>), scored "
+            f"after it (l<sub>k+1</sub>, V<sub>k+1</sub>); {_credit_legend(trees)}; token "
             "advantage: the estimator's value on the turn's sampled tokens (their mean).</p>")
 
 
@@ -271,8 +276,9 @@ def step_page(run_name: str, step: int, trees: list[TreeView], record: dict[str,
         nav.append(f'<a href="step-{prev_next[0]:06d}.html">&larr; step {prev_next[0]}</a>')
     if prev_next[1] is not None:
         nav.append(f'<a href="step-{prev_next[1]:06d}.html">step {prev_next[1]} &rarr;</a>')
+    keys = STEP_KEYS + tuple(k for k in index_keys([record] if record else []) if k not in STEP_KEYS + INDEX_KEYS)
     body = (f"<h1>{escape(run_name)} &mdash; step {step}</h1><nav>{' | '.join(nav)}</nav>"
-            f"{metrics_table(record, STEP_KEYS)}<p>{len(trees)} rollout trees</p>{contents(trees)}"
+            f"{metrics_table(record, keys)}<p>{len(trees)} rollout trees</p>{contents(trees)}"
             f"{_legend(trees)}" + "".join(tree_section(i, t) for i, t in enumerate(trees)))
     return page(f"{run_name} step {step}", body)
 
