@@ -115,9 +115,9 @@ def test_links_inside_a_record_must_name_its_nodes(tmp_path: Path) -> None:
         parse_tree(orphan)
 
 
-@pytest.mark.parametrize("drop, expected", [((None, "nodes"), "record: lacks the key 'nodes'"),
-                                            (("nodes", "id"), "nodes[0]: lacks the key 'id'"),
-                                            (("trajectories", "node_path"), "trajectories[0]: lacks the key 'node_path'")])
+@pytest.mark.parametrize("drop, expected", [
+    ((None, "nodes"), "record: lacks the key 'nodes'"), (("nodes", "id"), "nodes[0]: lacks the key 'id'"),
+    (("trajectories", "node_path"), "trajectories[0]: lacks the key 'node_path'")])
 def test_missing_keys_end_in_one_line_naming_file_line_and_key(tmp_path: Path, drop: tuple, expected: str) -> None:
     record = _record(tmp_path)
     if drop[0] is None:

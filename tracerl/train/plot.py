@@ -74,7 +74,8 @@ def _with_costs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Records with cumulative ``tokens`` and ``rollouts`` (a step-0 record adds nothing)."""
     tokens = _cumulative([r.get("generated_tokens", 0) or 0 for r in records])
     rollouts = _cumulative([r.get("rollouts", 0) or 0 for r in records])
-    return [{**r, "tokens": t, "cum_rollouts": n} for r, t, n in zip(records, tokens, rollouts)]
+    return [{**r, "tokens": t, "cum_rollouts": n}
+            for r, t, n in zip(records, tokens, rollouts, strict=True)]
 
 
 PANELS = (  # (x key, y key, x label, y label, title)
@@ -95,15 +96,17 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None, 
         raise ValueError("plot_runs needs at least one run folder")
     if not 0.0 <= smooth < 1.0:
         raise ValueError(f"--smooth must be in [0, 1) (0: raw curves; 0.6 is mild), got {smooth}")
+    if labels is not None and len(labels) != len(run_dirs):
+        raise ValueError(f"labels: {len(labels)} given for {len(run_dirs)} run folders; give one per run")
     labels = labels or [Path(d).name for d in run_dirs]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     flat = list(axes.flat)
-    for run_dir, label in zip(run_dirs, labels):
+    for run_dir, label in zip(run_dirs, labels, strict=True):
         records = _with_costs(read_metrics(Path(run_dir)))
-        for ax, (x_key, y_key, *_rest) in zip(flat, PANELS):
+        for ax, (x_key, y_key, *_rest) in zip(flat, PANELS, strict=True):
             marker = "o" if y_key == "eval_accuracy" else ""
             _draw(ax, *_series(records, x_key, y_key), label=label, smooth=smooth, marker=marker)
-    for ax, (x_key, y_key, x_label, y_label, title) in zip(flat, PANELS):
+    for ax, (x_key, y_key, x_label, y_label, title) in zip(flat, PANELS, strict=True):
         ax.set(xlabel=x_label, ylabel=y_label, title=title)
         ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
         if x_key in ("tokens", "cum_rollouts"):

@@ -247,7 +247,7 @@ def tree_records(trees: Sequence[RolloutTree], tasks: dict[str, Task], advantage
     parts = credit_parts(trees, credit) if credit is not None else {}
     options = credit_options(credit) if credit is not None else None
     records = []
-    for tree, predicted in zip(trees, _predictions(trees, predictor)):
+    for tree, predicted in zip(trees, _predictions(trees, predictor), strict=True):
         task = tasks.get(tree.task_id)
         tree.backup()  # visits and value targets (idempotent)
         prompt = decode(list(tree.prompt_ids)) if decode is not None else ""
@@ -255,7 +255,7 @@ def tree_records(trees: Sequence[RolloutTree], tasks: dict[str, Task], advantage
             "tree_id": tree.tree_id, "task_id": tree.task_id,
             "question": task.question if task else "", "answers": list(task.answers) if task else [],
             "prompt": _cut(prompt, PROMPT_CHARS),
-            "nodes": [node_record(n, p) for n, p in zip(tree.nodes, predicted)],
+            "nodes": [node_record(n, p) for n, p in zip(tree.nodes, predicted, strict=True)],
             "trajectories": [trajectory_record(leaf, traj, advantages.get(id(traj)), parts.get(id(traj)))
                              for leaf, traj in sorted(tree.trajectories.items())],
             "credit_options": options,
@@ -286,7 +286,7 @@ class RolloutLog:
         if not self.enabled:
             return None
         trajectories = [t for tree in trees for t in tree.trajectories.values()]
-        by_traj = {id(t): a for t, a in zip(trajectories, advantages)}
+        by_traj = {id(t): a for t, a in zip(trajectories, advantages, strict=True)}
         lines = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n"
                         for r in tree_records(trees, self.tasks, by_traj, predictor, self.decode, self.credit))
         self.folder.mkdir(exist_ok=True)

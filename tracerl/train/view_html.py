@@ -44,7 +44,8 @@ function openTarget(){var t=location.hash&&document.getElementById(location.hash
  if(t&&t.tagName==='DETAILS'){t.open=true;t.scrollIntoView();}}
 window.addEventListener('hashchange',openTarget);openTarget();
 document.querySelectorAll('button.all').forEach(function(b){b.addEventListener('click',function(){
- var open=b.dataset.open==='1';document.querySelectorAll('details.rollout-tree').forEach(function(d){d.open=open;});});});
+ var open=b.dataset.open==='1';
+ document.querySelectorAll('details.rollout-tree').forEach(function(d){d.open=open;});});});
 """
 
 
