@@ -179,6 +179,26 @@ def test_temporaries_of_a_killed_view_are_removed(tmp_path: Path) -> None:
     assert sorted(p.name for p in view.iterdir()) == [f".index.html.tmp-{live}", "index.html", "step-000001.html"]
 
 
+KILL_AT_RENAME = """
+import os, signal, sys
+os.replace = lambda *args: os.kill(os.getpid(), signal.SIGKILL)  # killed with a page in its temporary
+from tracerl.train.view import render_run
+render_run(sys.argv[1])
+"""
+
+
+def test_a_view_killed_mid_write_leaves_a_temporary_the_next_view_removes(tmp_path: Path) -> None:
+    write_run(tmp_path, steps=2)
+    killed = subprocess.run([sys.executable, "-c", KILL_AT_RENAME, str(tmp_path)], capture_output=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert killed.returncode == -9
+    (left,) = [p.name for p in (tmp_path / "view").iterdir()]
+    assert left.startswith(".step-000001.html.tmp-")  # the page itself was never half written
+    render_run(tmp_path)
+    assert sorted(p.name for p in (tmp_path / "view").iterdir()) == ["index.html", "step-000001.html",
+                                                                    "step-000002.html"]
+
+
 def test_a_view_link_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
     write_run(tmp_path / "run", steps=1)
     elsewhere = tmp_path / "elsewhere"
