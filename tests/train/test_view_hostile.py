@@ -214,7 +214,10 @@ def test_a_view_link_is_refused_and_its_target_untouched(tmp_path: Path) -> None
     with pytest.raises(RolloutRecordError, match="view is a symbolic link"):
         render_run(tmp_path / "run")
     assert not (tmp_path / "nowhere").exists()
-    assert render_run(tmp_path / "run", out=tmp_path / "html").is_file()  # an --out the user names is used
+    with pytest.raises(RolloutRecordError, match="view is a symbolic link"):  # named, as the README does
+        render_run(tmp_path / "run", out=tmp_path / "run" / "view" / "pages")
+    assert not (tmp_path / "nowhere").exists()
+    assert render_run(tmp_path / "run", out=tmp_path / "html").is_file()  # an --out elsewhere is used as given
 
 
 def _linked_rollouts(tmp_path: Path) -> tuple[Path, Path]:

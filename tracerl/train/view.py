@@ -8,13 +8,14 @@ A run folder may come from someone else. What the view then guarantees: records 
 within caps (rollout_log's ``MAX_LINE_BYTES``/``MAX_FILE_BYTES``, :data:`MAX_METRICS_BYTES`) and
 validated before they reach HTML (train/view_records.py), so crafted records end in one line
 naming ``file:line`` and the field, never in script on the page; a ``rollouts/``, ``view/`` or
-``metrics.jsonl`` that is a symbolic link is refused, so the default output never lands
-outside the run folder; pages are written atomically, and temporaries left by a killed view are
+``metrics.jsonl`` that is a symbolic link is refused, so pages meant for the run folder never
+land outside it; pages are written atomically, and temporaries left by a killed view are
 removed by the next one.
 """
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 from typing import Any
@@ -65,15 +66,30 @@ def render_run(run_dir: str | Path, out: str | Path | None = None, step: int | N
 def output_folder(run_dir: Path, out: str | Path | None) -> Path:
     """The folder pages go to, created, with temporaries of killed views removed.
 
-    The default ``RUN_DIR/view`` must be a plain folder: a symbolic link there (even a dangling
-    one) would send the pages outside the run folder, so it is refused. An ``--out`` the user
-    names is used as given."""
+    An output inside the run folder (the default ``RUN_DIR/view``, or an ``--out`` that names a
+    path under it) must be reached without symbolic links: a link there, even a dangling one,
+    would send the pages outside the run folder, so it is refused. An ``--out`` elsewhere is
+    used as given."""
     out_dir = Path(out) if out is not None else run_dir / VIEW_DIR
-    if out is None:
-        refuse_link(out_dir, "tracerl view writes its pages")
+    for link in _links_below(run_dir, out_dir):
+        refuse_link(link, "tracerl view writes its pages")
     out_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(out_dir, holding_lock=False)  # only those whose writer died
     return out_dir
+
+
+def _links_below(run_dir: Path, out_dir: Path) -> list[Path]:
+    """The paths from just below ``run_dir`` down to ``out_dir`` (lexically, ``..`` resolved) that are
+    symbolic links; empty when ``out_dir`` is not inside ``run_dir``."""
+    root, target = Path(os.path.abspath(run_dir)), Path(os.path.abspath(out_dir))
+    if root == target or root not in target.parents:
+        return []
+    path, links = root, []
+    for part in target.relative_to(root).parts:
+        path = path / part
+        if path.is_symlink():
+            links.append(path)
+    return links
 
 
 def write_page(path: Path, html: str) -> None:
