@@ -267,3 +267,12 @@ def test_a_metrics_step_that_is_not_an_integer_is_one_line(tmp_path: Path) -> No
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": "<b>1</b>", "loss": 1.0}) + "\n")
     with pytest.raises(ViewError, match=r"metrics\.jsonl: record 1 has a step that is not an integer \(str\)"):
         render_run(tmp_path)
+
+
+def test_a_truncated_gzip_is_one_line(tmp_path: Path) -> None:
+    write_run(tmp_path, steps=1)
+    path = step_file(tmp_path, 1)
+    path.write_bytes(path.read_bytes()[:-12])  # the gzip trailer and some data cut off
+    code, stderr = _cli_view(tmp_path)
+    assert code == 1 and stderr.startswith(f"view failed: {path}:") and "damaged gzip" in stderr
+    assert len(stderr.splitlines()) == 1

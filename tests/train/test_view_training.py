@@ -17,6 +17,7 @@ TINY = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=ans
         "steps=1", "rollout.budget=8", "rollout.pool_size=2"]
 
 
+@pytest.mark.slow
 def test_recorded_credit_is_what_trace_credit_trained_with(tmp_path: Path) -> None:
     config = resolve_config("trace_credit", smoke=True, overrides=TINY)
     Trainer(config, tmp_path).run()
