@@ -96,7 +96,7 @@ def measure(args: argparse.Namespace, overrides: list[str]) -> tuple[dict[str, l
     cfg = config.rollout.schemes
     schemes = {"chain": get_scheme("chain", cfg), "tree_random": get_scheme("tree_random", cfg),
                "trace": trainer.scheme, "branch_deepest": DeepestBranching(cfg.group_size, args.roots)}
-    engine, backend = trainer.engine, trainer.engine.backend
+    engine, backend = trainer.executor.engine, trainer.executor.backend
     trainer.model.eval()
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in SCHEMES}
     for step in range(args.steps):

@@ -25,7 +25,6 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
-from tracerl.agent.formats import encode_prompt  # noqa: F401 - re-exported (its home moved to the formats)
 from tracerl.models.heads import split_head
 from tracerl.models.sampling import same_device, sample_next, sample_next_seeded  # noqa: F401 - re-exported
 from tracerl.models.prefill import prefill
@@ -93,7 +92,12 @@ class PolicyBackend(Protocol):
         prefixes: list[list[int]],
         params: SamplingParams,
         seeds: list[int] | None = None,
-    ) -> list[Generation]: ...
+        *,
+        routing_keys: list[str] | None = None,
+    ) -> list[Generation]:
+        """``routing_keys[i]``: row ``i``'s tree id (sticky routing: a backend in front of several
+        engines keeps a tree on one, so its branches share that engine's prefix cache)."""
+        ...
 
     def sync_weights(self, model_or_state: Any, version: int) -> None: ...
 
@@ -208,8 +212,11 @@ class HFPolicy:
         seeds: list[int] | None = None,
         *,
         generator: torch.Generator | None = None,
+        routing_keys: list[str] | None = None,
     ) -> list[Generation]:
         """Sample one continuation per prefix (rows stop on a stop string, EOS or the length cap).
+
+        ``routing_keys`` (the rows' tree ids) are accepted and unused: one model, one prefix store.
 
         ``seeds`` (one per prefix): row ``i`` draws with its own counter-based noise
         (:func:`~tracerl.models.sampling.sample_next_seeded`), independent of the other rows.

@@ -192,6 +192,7 @@ class VLLMPolicy:
         params: SamplingParams,
         seeds: list[int] | torch.Generator | None = None,
         generator: torch.Generator | None = None,
+        routing_keys: list[str] | None = None,
     ) -> list[Generation]:
         """Sample one continuation per prefix; one vLLM request per row (continuous batching).
 
@@ -199,7 +200,7 @@ class VLLMPolicy:
         draw of ``len(prefixes)`` numbers, so a run seeded through a generator stays
         reproducible), and with neither the engine's own RNG decides. A generator passed in the
         third position (today's engine calls ``generate(prefixes, params, generator)``) counts as
-        ``generator``.
+        ``generator``. ``routing_keys`` (the rows' tree ids) are unused: one engine, one prefix cache.
         """
         if isinstance(seeds, torch.Generator):
             seeds, generator = None, seeds
@@ -224,8 +225,9 @@ class VLLMPolicy:
 
     # --- one request at a time (tracerl.rollout.independent.RequestStream) ------------------
 
-    def submit(self, prefix: list[int], params: SamplingParams, seed: int | None) -> str:
-        """Queue one request; :meth:`poll` steps the engine and returns it once finished."""
+    def submit(self, prefix: list[int], params: SamplingParams, seed: int | None, routing_key: str | None = None) -> str:
+        """Queue one request; :meth:`poll` steps the engine and returns it once finished
+        (``routing_key``, the request's tree id, is unused: one engine, one prefix cache)."""
         if not prefix:
             raise ValueError("every prefix must hold at least one token")
         if self._asleep:

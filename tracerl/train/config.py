@@ -32,6 +32,10 @@ from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, pa
 from tracerl.train.presets import PRESETS, SMOKE
 
 
+EXECUTORS = ("local",)
+"""Values of ``rollout.executor``."""
+
+
 def _one_of(section: str, name: str, value: Any, allowed: list[str] | tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{section}.{name} = {value!r} is not valid; allowed values: {', '.join(allowed)}")
@@ -235,9 +239,13 @@ class RolloutConfig:
     """Prompts offered to the scheme per step (trace chooses among them; chain takes budget/n)."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     schemes: SchemeConfig = field(default_factory=SchemeConfig)
+    executor: str = "local"
+    """What runs the rollouts the scheme plans: ``local`` (in this process, sharing the trainer's
+    model). Built from a plain-data ``WorkerSpec`` by ``tracerl.train.workers.build_executor``."""
 
     def __post_init__(self) -> None:
         _registered("rollout", "scheme", self.scheme, SCHEMES)
+        _one_of("rollout", "executor", self.executor, EXECUTORS)
         _positive("rollout", budget=self.budget, pool_size=self.pool_size)
         check_finite("rollout", self)
         if not self.engine.temperature > 0:  # the update divides logits by it: 0 makes every log-prob NaN
