@@ -20,6 +20,7 @@ Conventions (shared with pretraining and the trainer):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -29,6 +30,7 @@ from tracerl.models.heads import split_head
 from tracerl.models.sampling import same_device, sample_next, sample_next_seeded  # noqa: F401 - re-exported
 from tracerl.models.prefill import prefill
 from tracerl.models.prefix_cache import KVEntry, PrefixKVStore, forward_with_cache, output_cache, plain_dynamic
+from tracerl.models.weights import load_buckets
 
 FinishReason = Literal["stop", "eos", "length"]
 
@@ -184,11 +186,15 @@ class HFPolicy:
 
     def sync_weights(self, model_or_state: Any, version: int) -> None:
         """New weights: ``model_or_state`` is the trainer's model (shared with this policy: nothing
-        to copy) or a state dict loaded into it. Clears the prefix KV store (computed under the old
-        weights) and records ``version``."""
-        if model_or_state is not self.model:
-            state = model_or_state.state_dict() if hasattr(model_or_state, "state_dict") else model_or_state
-            self.model.load_state_dict(state)
+        to copy), a state dict loaded into it, or an iterable of ``(name, tensor)`` buckets
+        (:func:`~tracerl.models.weights.weight_buckets`) copied in one bucket at a time. Clears the
+        prefix KV store (computed under the old weights) and records ``version``."""
+        if hasattr(model_or_state, "state_dict") or isinstance(model_or_state, Mapping):
+            if model_or_state is not self.model:
+                state = model_or_state.state_dict() if hasattr(model_or_state, "state_dict") else model_or_state
+                self.model.load_state_dict(state)
+        else:
+            load_buckets(self.model, model_or_state)
         self.clear_prefix_cache()
         self.version = int(version)
 
