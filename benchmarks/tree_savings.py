@@ -72,7 +72,7 @@ class DeepestBranching:
         self.group_size, self.roots = group_size, roots
 
     def collect(self, executor: Any, pool: list, budget: int, generator: torch.Generator) -> Any:
-        from tracerl.rollout.schemes import SchemeResult
+        from tracerl.allocation.schemes import SchemeResult
 
         engine = executor.engine  # the trainer's LocalExecutor: this baseline drives the engine directly
         prompts = budget // self.group_size
@@ -87,7 +87,7 @@ def _effective_ratio(trees: list) -> float:
 
 
 def measure(args: argparse.Namespace, overrides: list[str]) -> tuple[dict[str, list[dict[str, Any]]], Any]:
-    from tracerl.rollout.schemes import get_scheme
+    from tracerl.allocation.schemes import get_scheme
     from tracerl.train.data import take_pool
     from tracerl.train.loop import Trainer
 

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from tracerl.allocation.predictor import PredictorConfig, SuccessPredictor
 from tracerl.allocation.trace_scheme import TraceScheme, uniform_prefixes
-from tracerl.rollout.schemes import SchemeConfig, get_scheme
+from tracerl.allocation.schemes import SchemeConfig, get_scheme
 from tracerl.rollout.executor import LocalExecutor
-from tracerl.rollout.session import as_session
+from tracerl.allocation.session import as_session
 from tracerl.train.config import PRESETS, resolve_config
 from tracerl.train.config_io import ConfigError
 

@@ -18,7 +18,7 @@ from tracerl.allocation.predictor import PredictorConfig, SuccessPredictor, weig
 from tracerl.core.types import RolloutTree
 from tracerl.models.backend import HFPolicy, SamplingParams
 from tracerl.rollout.executor import LocalExecutor
-from tracerl.rollout.session import as_session
+from tracerl.allocation.session import as_session
 from tracerl.train.config import resolve_config
 from tracerl.train.config_io import ConfigError
 

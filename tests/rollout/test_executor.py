@@ -33,8 +33,8 @@ from tracerl.core.protocol import (
     to_json,
 )
 from tracerl.rollout.executor import LocalExecutor
-from tracerl.rollout.schemes import SchemeConfig, TreeRandomScheme, expandable_nodes
-from tracerl.rollout.session import RolloutSession
+from tracerl.allocation.schemes import SchemeConfig, TreeRandomScheme, expandable_nodes
+from tracerl.allocation.session import RolloutSession
 
 def _engine(tok, env, cache: bool = True) -> RolloutEngine:
     policy = HFPolicy(tiny_model(len(tok), seed=4), tok, prefix_cache_bytes=256 * 2**20 if cache else 0)

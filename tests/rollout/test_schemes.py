@@ -19,7 +19,7 @@ from tracerl.core.allocation import allocate_prefixes, allocate_roots  # noqa: E
 from tracerl.core.types import RolloutTree  # noqa: E402
 from tracerl.agent.formats import encode_prompt  # noqa: E402
 from tracerl.rollout.executor import LocalExecutor  # noqa: E402
-from tracerl.rollout.schemes import (  # noqa: E402
+from tracerl.allocation.schemes import (  # noqa: E402
     SCHEME_NAMES,
     SchemeConfig,
     effective_ratio,

@@ -29,8 +29,8 @@ from tracerl.models.backend import HFPolicy
 from tracerl.models.scoring import ReferenceScorer
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
 from tracerl.rollout.executor import LocalExecutor, VersionError
-from tracerl.rollout.schemes import expandable_nodes
-from tracerl.rollout.session import RolloutSession
+from tracerl.allocation.schemes import expandable_nodes
+from tracerl.allocation.session import RolloutSession
 
 CFG = EngineConfig(max_turns=3, max_turn_tokens=16, max_total_tokens=400, temperature=1.0)
 

@@ -16,8 +16,8 @@ from tracerl.allocation.predictor import SuccessPredictor  # noqa: E402
 from tracerl.core.protocol import ScoreRequest, ScoreResult, score_requests  # noqa: E402
 from tracerl.models.scoring import ReferenceScorer  # noqa: E402
 from tracerl.rollout.executor import LocalExecutor  # noqa: E402
-from tracerl.rollout.schemes import SchemeConfig, get_scheme  # noqa: E402
-from tracerl.rollout.session import RolloutSession  # noqa: E402
+from tracerl.allocation.schemes import SchemeConfig, get_scheme  # noqa: E402
+from tracerl.allocation.session import RolloutSession  # noqa: E402
 
 BUDGET = 24
 

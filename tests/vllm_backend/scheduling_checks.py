@@ -83,7 +83,8 @@ def _run(policy: Any, env: ToolEnvironment, tasks: list, scheduling: str, config
                 requests.append(ExpandRequest(delta.tree_id, node, 2, seed=12))
     expanded = executor.expand(requests)
     seconds = time.perf_counter() - clock
-    records = [json.loads(to_json(r)) for r in (started, expanded)]
+    records = [{"deltas": json.loads(to_json(r))["deltas"], "cost": [r.rollouts, r.generated_tokens]}
+               for r in (started, expanded)]  # not the calls' seconds and backend counters
     structure, logprobs = _strip_logprobs(records)
     trees = [engine.tree(d.tree_id) for d in started.deltas]
     return {

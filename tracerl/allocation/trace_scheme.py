@@ -16,8 +16,8 @@ import torch
 
 from tracerl.core.allocation import allocate_prefixes, allocate_roots, root_value
 from tracerl.core.types import RolloutTree, Task
-from tracerl.models.sampling import derive_seed
-from tracerl.rollout.schemes import (
+from tracerl.core.seeds import derive_seed
+from tracerl.allocation.schemes import (
     SchemeConfig,
     SchemeResult,
     Target,
@@ -27,7 +27,7 @@ from tracerl.rollout.schemes import (
     expandable_nodes,
     plan_requests,
 )
-from tracerl.rollout.session import RolloutSession, as_session
+from tracerl.allocation.session import RolloutSession, as_session
 
 if TYPE_CHECKING:
     from tracerl.allocation.predictor import SuccessPredictor

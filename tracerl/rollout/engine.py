@@ -66,7 +66,7 @@ from tracerl.core.protocol import RolloutCost
 from tracerl.core.types import RolloutTree, Task
 from tracerl.envs.base import DEFAULT_MAX_OBSERVATION_TOKENS, DEFAULT_MAX_TURNS, Observation
 from tracerl.models.backend import PolicyBackend
-from tracerl.models.sampling import derive_seed
+from tracerl.core.seeds import derive_seed
 from tracerl.rollout.independent import SCHEDULINGS, ScheduleStats, run_independent, streams_requests
 from tracerl.rollout.turns import (  # noqa: F401 - _Outcome, _turn_seed re-exported (their home moved to turns.py)
     TurnSteps,

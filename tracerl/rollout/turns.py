@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from tracerl.core.types import RolloutTree, Task, Trajectory, Turn
 from tracerl.models.backend import Generation, SamplingParams
-from tracerl.models.sampling import derive_seed
+from tracerl.core.seeds import derive_seed
 
 if TYPE_CHECKING:  # the engine imports this module
     from tracerl.rollout.engine import EngineConfig, Verifier

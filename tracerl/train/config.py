@@ -24,9 +24,9 @@ from tracerl.envs.environments import ENVIRONMENTS, load_tools
 from tracerl.envs.verifiers import VERIFIERS
 from tracerl.models.factory import BACKENDS, VLLM_MISSING, vllm_available, vllm_missing
 from tracerl.models.lora import PEFT_MISSING, peft_available
-from tracerl.models.tiny_config import DEFAULT_WORLD
+from tracerl.testbed.tiny_config import DEFAULT_WORLD
 from tracerl.rollout.engine import EngineConfig
-from tracerl.rollout.schemes import SCHEMES, SchemeConfig
+from tracerl.allocation.schemes import SCHEMES, SchemeConfig
 from tracerl.train.config_checks import check_budget, check_device, check_extra, check_finite, check_model_source
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, to_dict
 from tracerl.train.presets import PRESETS, SMOKE

@@ -28,10 +28,10 @@ from tracerl.models.factory import make_reference_engine
 from tracerl.models.lora import apply_lora, trainable_parameters
 from tracerl.models.memory import enable_gradient_checkpointing
 from tracerl.models.precision import DTYPES, compute_context, grad_scaler
-from tracerl.models.sampling import derive_seed
+from tracerl.core.seeds import derive_seed
 from tracerl.models.scoring import ReferenceScorer
-from tracerl.rollout.schemes import get_scheme
-from tracerl.rollout.session import RolloutSession
+from tracerl.allocation.schemes import get_scheme
+from tracerl.allocation.session import RolloutSession
 from tracerl.train.config import TrainConfig
 from tracerl.train.data import load_task_data, take_pool
 from tracerl.train.metrics import MetricsLog

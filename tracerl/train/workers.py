@@ -79,7 +79,7 @@ def build_executor(spec: WorkerSpec, live: LiveParts | None = None) -> LocalExec
 
 def _load_parts(cfg: TrainConfig, spec: WorkerSpec) -> LiveParts:
     """A worker's own model (the initial policy), format, environment and reference scorer."""
-    from tracerl.models.loading import load_model
+    from tracerl.testbed.loading import load_model
     from tracerl.models.precision import DTYPES
     from tracerl.models.scoring import ReferenceScorer
     from tracerl.train.data import load_task_data

@@ -1,7 +1,7 @@
 """Rollout schemes: how one training step spends its budget of continuation rollouts.
 
 Schemes are planners: they read tree snapshots (and the success predictor) and emit requests
-through a :class:`~tracerl.rollout.session.RolloutSession` (start trees, expand
+through a :class:`~tracerl.allocation.session.RolloutSession` (start trees, expand
 ``(tree_id, node_id, k)``, score readiness); an executor runs them
 (:mod:`tracerl.rollout.executor`). Every scheme takes the same inputs (a session, or an
 executor it wraps in one; an ordered pool of candidate prompts; a budget ``M``
@@ -18,7 +18,7 @@ rollouts and generated tokens, spec section 1) and the batch's effective ratio.
 * ``trace`` (TRACE allocation, spec section 3): stage 1 allocates root rollouts over the pool
   from the success predictor; stage 2 spends the rest on prefixes after observations.
 
-Outcome statistics (groups, mixed, effective ratio) live in :mod:`tracerl.rollout.outcomes`.
+Outcome statistics (groups, mixed, effective ratio) live in :mod:`tracerl.allocation.outcomes`.
 All schemes spend exactly ``M`` rollouts when the pool is large enough; see each class for the
 cases where that is impossible. The schemes never train the predictor: the trainer calls
 ``predictor.update(result.trees)`` after the step (once readiness scores exist).
@@ -36,14 +36,14 @@ import torch
 from tracerl.core.registry import Registry
 from tracerl.core.types import RolloutTree, Task
 from tracerl.core.protocol import RolloutCost
-from tracerl.rollout.outcomes import (  # noqa: F401 - group_outcomes, is_mixed re-exported (home: outcomes.py)
+from tracerl.allocation.outcomes import (  # noqa: F401 - group_outcomes, is_mixed re-exported (home: outcomes.py)
     _summary,
     _valid_rewards,
     effective_ratio,
     group_outcomes,
     is_mixed,
 )
-from tracerl.rollout.session import RolloutSession, as_session
+from tracerl.allocation.session import RolloutSession, as_session
 
 if TYPE_CHECKING:
     from tracerl.allocation.predictor import SuccessPredictor
