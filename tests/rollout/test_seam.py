@@ -226,9 +226,12 @@ def test_a_request_for_weights_the_executor_does_not_hold_is_refused(tok, env, w
 
 def test_routing_keys_are_the_tree_ids_of_the_rows(tok, env, world) -> None:
     ex = _executor(tok, env)
-    ex.start([StartRequest("p", task_record(world.train[0]), 2, seed=1),
-              StartRequest("q", task_record(world.train[1]), 1, seed=1)])
+    result = ex.start([StartRequest("p", task_record(world.train[0]), 2, seed=1),
+                       StartRequest("q", task_record(world.train[1]), 1, seed=1)])
     assert ex.backend.keys[0] == ["p", "p", "q"]
+    # the backend's counters for this call: every generated token it sampled, the prompts prefilled
+    assert result.backend_stats["generated_tokens"] >= result.generated_tokens > 0
+    assert result.backend_stats["prefill_tokens"] > 0
     ex.expand([ExpandRequest("q", 0, 2, seed=2)])
     assert all(keys == ["q"] * len(keys) for keys in ex.backend.keys[-1:])
 

@@ -48,6 +48,7 @@ from tracerl.core.protocol import (
     tree_delta,
 )
 from tracerl.rollout.engine import RolloutEngine
+from tracerl.rollout.evaluate import evaluate
 
 ScoreFn = Callable[[Sequence[ScoreRequest]], ScoreResult]
 """``ReferenceScorer.score_nodes``: readiness of self-contained node requests (no tree needed)."""
@@ -75,6 +76,14 @@ class RolloutExecutor(Protocol):
     def sync_weights(self, weights: Any, version: int) -> None: ...
 
     def forget(self, tree_ids: Sequence[str]) -> None: ...
+
+    def evaluate(self, tasks: Sequence[Any], samples: int = 1, seed: int = 0) -> dict[str, float]: ...
+
+    def clear_prefix_cache(self) -> None: ...
+
+    def sleep(self, level: int = 1) -> None: ...
+
+    def wake_up(self) -> None: ...
 
 
 class LocalExecutor:
@@ -164,8 +173,6 @@ class LocalExecutor:
         ``seed``; then the prefix cache is cleared (evaluation's prefixes must not serve training:
         KV recomputed in other batch shapes may differ in the last bits on a GPU) and the tool calls
         it made are dropped (they say nothing about a training step)."""
-        from tracerl.rollout.evaluate import evaluate
-
         if self.eval_engine is None:
             raise ValueError("this executor was built without an evaluation engine")
         report = evaluate(self.eval_engine, list(tasks), samples=samples, generator=torch.Generator().manual_seed(seed))

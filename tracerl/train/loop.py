@@ -20,7 +20,10 @@ import torch
 
 from tracerl.agent.formats import get_format
 from tracerl.allocation.predictor import SuccessPredictor
+from tracerl.allocation.schemes import get_scheme
+from tracerl.allocation.session import RolloutSession
 from tracerl.core.advantages import AdvantageBatch, get_estimator
+from tracerl.core.seeds import derive_seed
 from tracerl.core.types import Trajectory
 from tracerl.envs.coverage import check_tokenizer_coverage
 from tracerl.envs.health import ToolHealth, ToolStats
@@ -28,10 +31,7 @@ from tracerl.models.factory import make_reference_engine
 from tracerl.models.lora import apply_lora, trainable_parameters
 from tracerl.models.memory import enable_gradient_checkpointing
 from tracerl.models.precision import DTYPES, compute_context, grad_scaler
-from tracerl.core.seeds import derive_seed
 from tracerl.models.scoring import ReferenceScorer
-from tracerl.allocation.schemes import get_scheme
-from tracerl.allocation.session import RolloutSession
 from tracerl.train.config import TrainConfig
 from tracerl.train.data import load_task_data, take_pool
 from tracerl.train.metrics import MetricsLog
