@@ -104,7 +104,7 @@ def env_check(
     """
     import json
 
-    from tracerl.envs.check import run_env_check
+    from tracerl.rollout.env_check import run_env_check
 
     summary = run_env_check(tasks, corpus, policy=policy, limit=limit, seed=seed)
     typer.echo(json.dumps(summary, indent=2))
@@ -157,7 +157,7 @@ def pretrain(
 ) -> None:
     """Pretrain the embedded tiny base model (or reuse the cached one) and print its folder."""
     from tracerl.models.threads import set_threads
-    from tracerl.models.tiny import pretrained_folder
+    from tracerl.testbed.tiny import pretrained_folder
 
     set_threads(threads)  # under load, torch's default thread count made pretraining ~7x slower
     _STATE["writing"] = out

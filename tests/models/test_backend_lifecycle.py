@@ -10,7 +10,8 @@ from helpers_tiny import bpe_tokenizer, tiny_model
 
 from tracerl.models import factory
 from tracerl.models.backend import HFPolicy, SamplingParams
-from tracerl.models.sampling import derive_seed, row_uniforms, sample_next_seeded
+from tracerl.core.seeds import derive_seed
+from tracerl.models.sampling import row_uniforms, sample_next_seeded
 from tracerl.train.config import ModelConfig
 
 

@@ -14,6 +14,7 @@ reaches a tool is counted in the environment's :class:`ToolStats` for the run's 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -88,6 +89,9 @@ class Episode(Protocol):
 
     def clone(self) -> Episode: ...
 
+    # Optional: ``restore(steps)`` replays recorded (action, observation) pairs without calling
+    # tools; episodes without it cannot be adopted by another executor (see RolloutEngine.adopt).
+
 
 class Environment(Protocol):
     def start(self, task: Task) -> Episode: ...
@@ -112,6 +116,19 @@ class ToolEpisode:
         """An independent copy sharing the (stateless) tools and the stats; history copied."""
         return ToolEpisode(self.task, self.tools, self.config, self.turns_taken, self.done,
                            self.answer, self.infra_failed, list(self.history), stats=self.stats)
+
+    def restore(self, steps: Sequence[tuple[Action, Observation]]) -> None:
+        """Replay recorded ``(action, observation)`` steps without calling any tool (and without
+        counting calls): an executor adopting a tree rebuilds the episode at each of its boundaries."""
+        for action, obs in steps:
+            if self.done:
+                raise ValueError(f"episode for task {self.task.id!r} is already finished; cannot restore more steps")
+            self.turns_taken += 1
+            if action.kind == "answer":
+                self.answer = action.answer
+            self.infra_failed = self.infra_failed or obs.infra_failed
+            self.done = obs.done or action.kind == "answer"
+            self.history.append((action, obs))
 
     def _valid_actions(self) -> tuple[tuple[str, str], ...]:
         return tuple((name, t.parameters[0].name if t.parameters else "") for name, t in self.tools.items())
@@ -164,3 +181,7 @@ class ToolEnvironment:
 
     def start(self, task: Task) -> ToolEpisode:
         return ToolEpisode(task=task, tools=self.tools, config=self.config, stats=self.stats)
+
+    def take_tool_stats(self) -> ToolStats:
+        """Tool calls and failures since the last take (resets them)."""
+        return self.stats.take()

@@ -24,12 +24,16 @@ from tracerl.envs.environments import ENVIRONMENTS, load_tools
 from tracerl.envs.verifiers import VERIFIERS
 from tracerl.models.factory import BACKENDS, VLLM_MISSING, vllm_available, vllm_missing
 from tracerl.models.lora import PEFT_MISSING, peft_available
-from tracerl.models.tiny_config import DEFAULT_WORLD
+from tracerl.testbed.tiny_config import DEFAULT_WORLD
 from tracerl.rollout.engine import EngineConfig
-from tracerl.rollout.schemes import SCHEMES, SchemeConfig
+from tracerl.allocation.schemes import SCHEMES, SchemeConfig
 from tracerl.train.config_checks import check_budget, check_device, check_extra, check_finite, check_model_source
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, to_dict
 from tracerl.train.presets import PRESETS, SMOKE
+
+
+EXECUTORS = ("local",)
+"""Values of ``rollout.executor``."""
 
 
 def _one_of(section: str, name: str, value: Any, allowed: list[str] | tuple[str, ...]) -> None:
@@ -235,9 +239,13 @@ class RolloutConfig:
     """Prompts offered to the scheme per step (trace chooses among them; chain takes budget/n)."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     schemes: SchemeConfig = field(default_factory=SchemeConfig)
+    executor: str = "local"
+    """What runs the rollouts the scheme plans: ``local`` (in this process, sharing the trainer's
+    model). Built from a plain-data ``WorkerSpec`` by ``tracerl.train.workers.build_executor``."""
 
     def __post_init__(self) -> None:
         _registered("rollout", "scheme", self.scheme, SCHEMES)
+        _one_of("rollout", "executor", self.executor, EXECUTORS)
         _positive("rollout", budget=self.budget, pool_size=self.pool_size)
         check_finite("rollout", self)
         if not self.engine.temperature > 0:  # the update divides logits by it: 0 makes every log-prob NaN

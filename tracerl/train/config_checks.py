@@ -136,7 +136,7 @@ def check_extra(field: str, enabled: bool, module: str, extra: str) -> None:
 
 
 def check_budget(scheme: str, budget: int, pool_size: int, schemes: Any) -> None:
-    """``rollout.budget`` must be spendable by the scheme (what ``rollout/schemes.py`` requires).
+    """``rollout.budget`` must be spendable by the scheme (what ``allocation/schemes.py`` requires).
 
     chain (and dapo) spend the budget in whole groups of ``group_size`` on distinct pool
     prompts; tree_random in prompts of ``tree_cost_per_prompt`` planned rollouts; trace gives a

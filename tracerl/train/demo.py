@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tracerl.envs.synthwiki import build_world, write_world
-from tracerl.models.tiny import load_or_pretrain
-from tracerl.models.tiny_config import get_preset
+from tracerl.testbed.tiny import load_or_pretrain
+from tracerl.testbed.tiny_config import get_preset
 from tracerl.train.config import TrainConfig, config_to_yaml, resolve_config
 from tracerl.train.loop import Trainer
 from tracerl.train.metrics import console_line

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from tracerl.models.tiny_config import SMOKE_WORLD
+from tracerl.testbed.tiny_config import SMOKE_WORLD
 from tracerl.train.config_io import merge
 
 # Methods as presets (spec section 4): the same loop and budget, different scheme/estimator.

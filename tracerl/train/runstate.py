@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tracerl.models.loading import load_model
+from tracerl.testbed.loading import load_model
 from tracerl.models.threads import set_threads
 from tracerl.train.checkpoint import (
     LATEST,
@@ -113,7 +113,7 @@ class RunLifecycle:
                                      "the run cannot be resumed") from None
         vocab = None
         if cfg.model.name_or_path == "random-tiny":
-            from tracerl.models.tiny_data import vocabulary_texts
+            from tracerl.testbed.tiny_data import vocabulary_texts
             vocab = vocabulary_texts(cfg.data.world, self.fmt)
         model, tokenizer = load_model(
             cfg.model.name_or_path, vocabulary_texts=vocab, tiny_preset=cfg.model.tiny_preset,

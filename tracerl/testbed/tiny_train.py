@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tracerl.models.tiny_config import TinyModelConfig, resolve_precision
-from tracerl.models.tiny_data import Sample
+from tracerl.testbed.tiny_config import TinyModelConfig, resolve_precision
+from tracerl.testbed.tiny_data import Sample
 
 
 @dataclass
