@@ -135,12 +135,12 @@ class ToolEpisode:
             try:
                 text = truncate_words(self._run(action), self.config.max_observation_tokens)
                 obs = Observation(text, done=self._out_of_turns(), error=False)
-                self.stats.record()
+                self.stats.record(action.name)
             except ToolCallError as exc:  # rejected before the tool ran: not a tool call
                 obs = self._policy_error(str(exc))
             except ToolFailure as exc:
                 self.infra_failed = True
-                self.stats.record(failure=str(exc))
+                self.stats.record(action.name, failure=str(exc))
                 obs = Observation(str(exc), done=True, error=True, infra_failed=True)
         self.done = obs.done
         self.history.append((action, obs))

@@ -169,7 +169,7 @@ class Trainer(RunLifecycle):
         with self._compute():
             result = self.scheme.collect(session, pool, cfg.rollout.budget, self.generator)
         tools = self.data.environment.take_tool_stats()
-        self.tool_health.observe(tools.calls, tools.failures, tools.last_failure)  # stops a run whose tools all fail
+        self.tool_health.observe(tools)  # stops a run one of whose tools fails every call
         self.cursor += result.consumed
         trajectories = [t for tree in result.trees for t in tree.trajectories.values()]
         clock = self._phase_end(timings, "rollout", clock)

@@ -71,6 +71,8 @@ class RunLifecycle:
     cursor: int
     totals: dict[str, int]
     nonfinite: dict[str, int]
+    tool_health: Any
+    eval_engine: Any
 
     def _claim_run_folder(self, resume: bool) -> Path | None:
         """Lock the folder, clear temporaries, check its state; the checkpoint to resume from."""
@@ -150,6 +152,8 @@ class RunLifecycle:
             "predictor": self.predictor.state_dict() if self.predictor is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": RngState.capture(self.generator).to_dict(),
+            "tool_health": self.tool_health.state_dict(),  # per-tool failure streaks
+            "eval_trees_started": self.eval_engine.trees_started,  # seeds evaluation episodes
         }
         return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
                                config_to_yaml(self.config), self.config.log.keep_last)
@@ -166,6 +170,8 @@ class RunLifecycle:
         self.step_index, self.cursor, self.totals = state["step"], state["cursor"], state["totals"]
         self.nonfinite = dict(state.get("nonfinite", self.nonfinite))
         RngState.from_dict(state["rng"]).restore(self.generator)
+        self.tool_health.load_state_dict(state.get("tool_health", {}))
+        self.eval_engine.trees_started = state.get("eval_trees_started", 0)
         self.executor.sync_weights(self.model, self.step_index)  # the backend samples from the loaded weights
         self.log.truncate_after(self.step_index)
         self.rollout_log.truncate_after(self.step_index)
