@@ -19,7 +19,7 @@ from typing import Protocol
 
 from tracerl.core.types import Action, Task
 from tracerl.envs.health import ToolStats
-from tracerl.envs.tools import ToolCallError, ToolFailure, ToolSet, call_with_timeout, truncate_words
+from tracerl.envs.tools import CHARS_PER_TOKEN, ToolCallError, ToolFailure, ToolSet, truncate_words
 
 
 DEFAULT_MAX_TURNS = 8
@@ -117,10 +117,8 @@ class ToolEpisode:
         return tuple((name, t.parameters[0].name if t.parameters else "") for name, t in self.tools.items())
 
     def _run(self, action: Action) -> str:
-        if self.config.tool_timeout_s is None:
-            return self.tools.call(action.name, action.arguments)
-        return call_with_timeout(lambda: self.tools.call(action.name, action.arguments),
-                                 self.config.tool_timeout_s, what=f"tool {action.name}")
+        max_chars = self.config.max_observation_tokens * CHARS_PER_TOKEN  # bounds a 10 MB result
+        return self.tools.call(action.name, action.arguments, self.config.tool_timeout_s, max_chars)
 
     def step(self, action: Action) -> Observation:
         if self.done:

@@ -92,11 +92,18 @@ class DataConfig:
     shuffle: bool = True
     """Shuffle training tasks once (seeded); the data cursor walks that order."""
     tool_timeout_s: float | None = 30.0
-    """Seconds one tool call may run before it counts as an infrastructure failure (the call is
-    abandoned on a daemon thread, so a hung tool never blocks the process from exiting).
+    """Seconds one tool call may run before it counts as an infrastructure failure (an isolated
+    tool's worker process is killed; an in-process call is abandoned on a daemon thread, so a hung
+    tool never blocks the process from exiting).
     ``null`` switches the limit off; 0 is rejected as ambiguous."""
     max_failed_tool_steps: int = 3
-    """Stop the run when every tool call of this many consecutive steps failed (see envs/health.py)."""
+    """Stop the run when one tool failed every call in this many consecutive steps in which it was
+    called (counted per tool, see envs/health.py)."""
+    isolate_tools: bool = True
+    """Run the ``data.tools`` plug-ins in a worker process that is killed at ``data.tool_timeout_s``
+    (a tool hung while holding the GIL cannot stall the run; about 0.1 ms more per call, see
+    benchmarks/tool_isolation.py). ``false``: in-process on a thread (a hung call is abandoned, not
+    killed). The built-in ``search``/``open`` always run in-process."""
 
     def __post_init__(self) -> None:
         _one_of("data", "source", self.source, ["synthwiki", "files"])
@@ -107,7 +114,7 @@ class DataConfig:
         if not isinstance(self.tools, list) or not all(isinstance(t, str) for t in self.tools):
             raise ConfigError(f"data.tools must be a list of package.module:function paths, got {self.tools!r}")
         try:
-            names = [tool.name for tool in load_tools(self.tools)]
+            names = [tool.name for tool in load_tools(self.tools, self.isolate_tools)]
         except RegistryError as err:
             raise ConfigError(f"data.tools: {err}") from None
         if len(set(names)) < len(names):
