@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tracerl.errors import UserError
 from tracerl.models.loading import load_model
 from tracerl.models.threads import set_threads
 from tracerl.train.checkpoint import (
@@ -40,8 +41,11 @@ INITIAL = "initial"
 model; see train/initial.py): the frozen reference is always rebuilt from it."""
 
 
-class NonFiniteTrainingError(RuntimeError):
-    """Training produced NaN/inf: too many skipped steps in a row, or non-finite weights at a save."""
+class NonFiniteTrainingError(UserError, RuntimeError):
+    """Training produced NaN/inf: too many skipped steps in a row, or non-finite weights at a save.
+
+    A :class:`~tracerl.errors.UserError` (the fix is a setting: the learning rate, the rewards), so
+    the command line prints its one line; still a ``RuntimeError`` for code that catches that."""
 
 
 class RunLifecycle:
