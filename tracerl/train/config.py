@@ -29,6 +29,7 @@ from tracerl.rollout.engine import EngineConfig
 from tracerl.rollout.schemes import SCHEMES, SchemeConfig
 from tracerl.train.config_checks import check_budget, check_device, check_extra, check_finite, check_model_source
 from tracerl.train.config_ranges import check_numbers
+from tracerl.train.divergence import DivergenceConfig
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, to_dict
 from tracerl.train.presets import PRESETS, SMOKE
 
@@ -332,6 +333,10 @@ class OptimConfig:
     update (``always``), never (``never``: trust the sampler's), or when the sampler is another
     engine (``auto``: when ``model.backend != 'hf'``). When recomputed, the per-step
     ``logprob_mismatch_mean_abs``/``_max`` between sampler and trainer log-probs are logged."""
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    """Stop (or warn) when training collapses with finite weights: loss, gradient norm or KL
+    jumping by orders of magnitude, sampled entropy rising to uniform, valid actions and reward
+    falling to 0 and staying there (see train/divergence.py)."""
 
     def __post_init__(self) -> None:
         _one_of("optim", "schedule", self.schedule, ["constant", "cosine", "linear"])

@@ -77,6 +77,7 @@ class RunLifecycle:
     nonfinite: dict[str, int]
     tool_health: Any
     eval_engine: Any
+    divergence: Any
 
     def _claim_run_folder(self, resume: bool) -> Path | None:
         """Lock the folder, clear temporaries, check its state; the checkpoint to resume from."""
@@ -158,6 +159,7 @@ class RunLifecycle:
             "rng": RngState.capture(self.generator).to_dict(),
             "tool_health": self.tool_health.state_dict(),  # per-tool failure streaks
             "eval_trees_started": self.eval_engine.trees_started,  # seeds evaluation episodes
+            "divergence": self.divergence.state_dict(),  # the running baselines of the divergence tests
         }
         return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
                                config_to_yaml(self.config), self.config.log.keep_last)
@@ -176,6 +178,7 @@ class RunLifecycle:
         RngState.from_dict(state["rng"]).restore(self.generator)
         self.tool_health.load_state_dict(state.get("tool_health", {}))
         self.eval_engine.trees_started = state.get("eval_trees_started", 0)
+        self.divergence.load_state_dict(state.get("divergence", {}))
         self.executor.sync_weights(self.model, self.step_index)  # the backend samples from the loaded weights
         self.log.truncate_after(self.step_index)
         self.rollout_log.truncate_after(self.step_index)
