@@ -20,3 +20,17 @@ def dead_search_environment(documents: Any, settings: EnvSettings) -> ToolEnviro
 
     env.tools = ToolSet([Tool.from_function(search_down, name="search"), env.tools["open"]])
     return env
+
+
+def hung_search(query: str) -> str:
+    """Search the corpus (with a catastrophic-backtracking regex that holds the GIL for hours)."""
+    import re
+
+    return "match" if re.match(r"(a+)+$", "a" * 40 + "b") else "no match"
+
+
+def hung_search_environment(documents: Any, settings: EnvSettings) -> ToolEnvironment:
+    """The built-in search environment whose ``search`` hangs holding the GIL, isolated (opted in)."""
+    env = search(documents, settings)
+    env.tools = ToolSet([Tool.from_function(hung_search, name="search", isolated=True), env.tools["open"]])
+    return env

@@ -9,7 +9,7 @@ Who is at fault decides the flags: a malformed or wrong call is the policy's fau
 tool is the environment's (``infra_failed=True``, the episode ends and the trajectory is left
 out of group statistics and the loss, spec section 2 step 6). A tool calling ``sys.exit`` is
 such a failure too; ``KeyboardInterrupt`` propagates (see envs/tools.py). Every call that
-reaches a tool is counted in the environment's :class:`ToolStats` for the run's tool health.
+reaches a tool is counted, per tool, in the environment's :class:`ToolStats` for the run's tool health.
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ class EnvConfig:
     the same constants. The unit of ``max_observation_tokens`` is tokens of the policy's
     tokenizer, which only the engine knows: it cuts the rendered observation to that many
     tokens. The environment pre-cuts a tool result to that many whitespace words, which never
-    removes text the token cut keeps (every word is at least one token) and bounds the work.
+    removes text the token cut keeps (every word is at least one token) and bounds the work,
+    after cutting it to ``max_observation_tokens * CHARS_PER_TOKEN`` (64) characters so that a
+    10 MB result without spaces costs nothing either; a failure's message is cut to
+    ``MAX_FAILURE_CHARS`` (1,000) characters (envs/tools.py).
     """
 
     max_turns: int = DEFAULT_MAX_TURNS
