@@ -33,7 +33,8 @@ def isolated_tools() -> ToolSet:
 
 
 def step(name: str, timeout_s: float | None = 5.0, tools: ToolSet | None = None, max_obs: int = 256):
-    env = ToolEnvironment(tools or isolated_tools(), EnvConfig(tool_timeout_s=timeout_s, max_observation_tokens=max_obs))
+    limits = EnvConfig(tool_timeout_s=timeout_s, max_observation_tokens=max_obs)
+    env = ToolEnvironment(tools or isolated_tools(), limits)
     return env.start(TASK).step(Action(kind="tool", name=name, arguments={"query": "q"}))
 
 
@@ -79,7 +80,8 @@ def test_failures_in_the_worker_fail_only_their_call() -> None:
 @pytest.mark.parametrize("isolated", [True, False])
 def test_a_10_mb_message_or_result_becomes_a_bounded_observation(isolated: bool) -> None:
     """On main a 10 MB exception message became the observation whole (one step 182 s, 1.9 GB)."""
-    tools = ToolSet([Tool.from_function(getattr(helpers_tools, n), isolated=isolated) for n in ("huge_error", "huge_result")])
+    tools = ToolSet([Tool.from_function(getattr(helpers_tools, n), isolated=isolated)
+                     for n in ("huge_error", "huge_result")])
     tracemalloc.start()
     try:
         for _ in range(5):
@@ -133,3 +135,30 @@ def test_an_isolated_tool_must_be_importable() -> None:
 
     with pytest.raises(ValueError, match="tool 'local' runs isolated, so it must be a module-level function"):
         Tool.from_function(local, isolated=True)
+
+
+def test_a_tool_importable_only_after_the_worker_started_still_runs(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder put on sys.path after the worker started: the worker is restarted with it."""
+    isolated_tools().call("echo", {"query": "start the worker"}, timeout_s=30)
+    (tmp_path / "late_tools.py").write_text('def shout(text: str) -> str:\n    """Shout."""\n    return text.upper()\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import late_tools
+
+    tools = ToolSet([Tool.from_function(late_tools.shout, isolated=True)])
+    assert tools.call("shout", {"text": "hi"}, timeout_s=30) == "HI"
+
+
+def test_a_tool_the_worker_cannot_import_fails_only_its_call() -> None:
+    import types
+
+    module = types.ModuleType("nowhere_tools")  # importable here, not in a worker process
+    exec('def ghost(query: str) -> str:\n    """Not importable elsewhere."""\n    return query\n', module.__dict__)
+    sys.modules["nowhere_tools"] = module
+    try:
+        tools = ToolSet([Tool.from_function(module.ghost, isolated=True)])
+        with pytest.raises(ToolFailure, match="tool ghost raised ModuleNotFoundError in the worker process"):
+            tools.call("ghost", {"query": "q"}, timeout_s=30)
+        assert isolated_tools().call("echo", {"query": "still"}, timeout_s=30) == "got still"
+    finally:
+        del sys.modules["nowhere_tools"]

@@ -31,12 +31,14 @@ def test_a_bad_number_names_its_field(override: str, message: str) -> None:
 
 
 def test_numbers_at_the_edges_of_the_ranges_are_accepted() -> None:
-    config = resolve_config("grpo", smoke=True, overrides=["optim.lr=1e30", f"seed={2**63 - 1}", "data.tool_timeout_s=1e6"])
+    edges = ["optim.lr=1e30", f"seed={2**63 - 1}", "data.tool_timeout_s=1e6"]
+    config = resolve_config("grpo", smoke=True, overrides=edges)
     assert (config.optim.lr, config.seed, config.data.tool_timeout_s) == (1e30, 2**63 - 1, 1e6)
 
 
 @pytest.mark.parametrize("override", ["optim.lr=3e38", "steps=true", "seed=" + "9" * 5000])
-def test_the_cli_prints_one_line_and_creates_no_folder(tmp_path: Path, override: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cli_prints_one_line_and_creates_no_folder(tmp_path: Path, override: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRACERL_DEBUG", raising=False)
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["train", "grpo", "--smoke", "--out", str(out), "--set", override])

@@ -35,7 +35,7 @@ def config(*extra: str) -> TrainConfig:
 
 def test_lr_1e30_stops_when_the_policy_samples_noise(tmp_path: Path) -> None:
     """Step 1's update destroys the model: step 2's rollouts are uniform noise (entropy ln V)."""
-    with Trainer(config("optim.lr=1e30", "steps=6"), tmp_path) as trainer, \
+    with Trainer(config("optim.lr=1e30", "steps=6", "optim.divergence.mode=stop"), tmp_path) as trainer, \
             pytest.raises(DivergenceError, match=r"training diverged at step 2: the sampled tokens' entropy rose to "
                                                  r"6\.\d+ nats, 1\d\d% of the uniform"):
         trainer.run()
@@ -47,24 +47,28 @@ def test_lr_1e30_stops_when_the_policy_samples_noise(tmp_path: Path) -> None:
 
 def test_lr_1e30_without_the_entropy_test_stops_at_the_collapse(tmp_path: Path) -> None:
     """Valid actions and reward 0 at steps 2, 3 and 4 (collapse_steps = 3) after a live step 1."""
-    with Trainer(config("optim.lr=1e30", "steps=8", "optim.divergence.entropy_share=0"), tmp_path) as trainer, \
+    settings = ("optim.lr=1e30", "steps=8", "optim.divergence.mode=stop", "optim.divergence.entropy_share=0")
+    with Trainer(config(*settings), tmp_path) as trainer, \
             pytest.raises(DivergenceError, match=r"at step 4: no action was valid and no reward was earned for 3 steps "
                                                  r"\(valid-action rate before: 1\.00"):
         trainer.run()
 
 
 def test_warn_mode_prints_one_line_and_trains_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with Trainer(config("optim.lr=1e30", "steps=5", "optim.divergence.mode=warn"), tmp_path) as trainer:
+    """Warn is the default."""
+    with Trainer(config("optim.lr=1e30", "steps=5"), tmp_path) as trainer:
         records = trainer.run()
     assert len(records) == 5
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: training diverged")]
     # one line per kind: the entropy test at step 2, the collapse at step 4
-    assert [line.split(":")[1].strip() for line in lines] == ["training diverged at step 2", "training diverged at step 4"]
+    assert [line.split(":")[1].strip() for line in lines] == ["training diverged at step 2",
+                                                               "training diverged at step 4"]
 
 
 def test_the_cli_stops_a_diverged_run_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRACERL_DEBUG", raising=False)
-    overrides = [arg for item in [*CHEAP, "optim.lr=1e30", "steps=4"] for arg in ("--set", item)]
+    settings = [*CHEAP, "optim.lr=1e30", "steps=4", "optim.divergence.mode=stop"]
+    overrides = [arg for item in settings for arg in ("--set", item)]
     result = CliRunner().invoke(app, ["train", "grpo", "--smoke", "--out", str(tmp_path / "run"), *overrides])
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()
@@ -94,7 +98,7 @@ def records(**series: list[float]) -> list[dict[str, Any]]:
 
 
 def test_a_gradient_norm_jump_stops_naming_the_metric_and_the_ratio() -> None:
-    monitor = DivergenceMonitor(DivergenceConfig(), vocab_size=400)
+    monitor = DivergenceMonitor(DivergenceConfig(mode="stop"), vocab_size=400)
     for record in records(grad_norm=[1.0, 2.0, 1.5])[:3]:
         monitor.observe(record, lambda: "No checkpoint")
     with pytest.raises(DivergenceError, match=r"step 4: grad_norm = 1\.5e\+03 is 1e\+03x its running median over "
@@ -103,10 +107,10 @@ def test_a_gradient_norm_jump_stops_naming_the_metric_and_the_ratio() -> None:
 
 
 def test_no_jump_test_before_warmup_and_state_round_trips() -> None:
-    monitor = DivergenceMonitor(DivergenceConfig(warmup=3), vocab_size=400)
+    monitor = DivergenceMonitor(DivergenceConfig(mode="stop", warmup=3), vocab_size=400)
     for record in records(loss=[0.1, 0.1, 1e6]):  # the third step has only 2 steps of history
         monitor.observe(record, lambda: "")
-    resumed = DivergenceMonitor(DivergenceConfig(warmup=3), vocab_size=400)
+    resumed = DivergenceMonitor(DivergenceConfig(mode="stop", warmup=3), vocab_size=400)
     resumed.load_state_dict(monitor.state_dict())
     assert resumed.history == {"loss": [0.1, 0.1, 1e6]}
     with pytest.raises(DivergenceError, match="loss = 1e\\+09"):  # median 0.1: 1e10x
@@ -117,5 +121,5 @@ def test_off_never_tests_and_bad_settings_name_the_field() -> None:
     monitor = DivergenceMonitor(DivergenceConfig(mode="off"), vocab_size=400)
     for record in records(grad_norm=[1.0, 1.0, 1.0, 1e9]):
         monitor.observe(record, lambda: "")
-    with pytest.raises(ValueError, match="optim.divergence.mode = 'loud' is not valid; allowed values: stop, warn, off"):
+    with pytest.raises(ValueError, match="optim.divergence.mode = 'loud' is not valid; allowed values: stop, warn"):
         config("optim.divergence.mode=loud")

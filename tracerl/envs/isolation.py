@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import signal
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
@@ -39,6 +40,9 @@ def _serve(conn: Connection) -> None:
             fn, kwargs, max_chars = conn.recv()
         except (EOFError, OSError):  # the trainer went away
             return
+        except Exception as exc:  # noqa: BLE001 - the tool's module cannot be imported here
+            conn.send(("raised", f"{type(exc).__name__} in the worker process: {bounded_message(str(exc))}"))
+            continue
         try:
             result = fn(**kwargs)
             reply = ("ok", result[:max_chars]) if isinstance(result, str) else ("type", type(result).__name__)
@@ -56,6 +60,7 @@ class IsolatedWorker:
         self._lock = threading.Lock()
         self._process: Any = None
         self._conn: Connection | None = None
+        self._sys_path: list[str] = []
         self.started = 0
         """Worker processes started so far (1 + the number of replacements)."""
 
@@ -88,9 +93,13 @@ class IsolatedWorker:
         raise ToolFailure(f"tool {name} returned {payload}, expected str")
 
     def _ensure(self) -> Connection:
-        if self._process is not None and self._process.is_alive() and self._conn is not None:
-            return self._conn
+        """The live worker; a new one when there is none or ``sys.path`` changed since it started
+        (a worker imports tools with the ``sys.path`` it was started with)."""
+        alive = self._process is not None and self._process.is_alive() and self._conn is not None
+        if alive and self._sys_path == sys.path:
+            return self._conn  # type: ignore[return-value]
         self._kill()
+        self._sys_path = list(sys.path)
         ours, theirs = _CONTEXT.Pipe()
         process = _CONTEXT.Process(target=_serve, args=(theirs,), name="tracerl-tool-worker", daemon=True)
         process.start()

@@ -102,10 +102,11 @@ class DataConfig:
     """Stop the run when one tool failed every call in this many consecutive steps in which it was
     called (counted per tool, see envs/health.py)."""
     isolate_tools: bool = True
-    """Run the ``data.tools`` plug-ins in a worker process that is killed at ``data.tool_timeout_s``
-    (a tool hung while holding the GIL cannot stall the run; a call costs about 0.08 ms, as much as
-    the in-process call on its timeout thread, see benchmarks/tool_isolation.py). ``false``: in-process on a thread (a hung call is abandoned, not
-    killed). The built-in ``search``/``open`` always run in-process."""
+    """Run the ``data.tools`` plug-ins in a worker process that is killed at ``data.tool_timeout_s``,
+    so a tool hung while holding the GIL cannot stall the run. A call costs about 0.08 ms, as much
+    as an in-process call on its timeout thread (benchmarks/tool_isolation.py). ``false``: in-process
+    on a thread (a hung call is abandoned, not killed). The built-in ``search``/``open`` always run
+    in-process."""
 
     def __post_init__(self) -> None:
         _one_of("data", "source", self.source, ["synthwiki", "files"])
@@ -334,9 +335,9 @@ class OptimConfig:
     engine (``auto``: when ``model.backend != 'hf'``). When recomputed, the per-step
     ``logprob_mismatch_mean_abs``/``_max`` between sampler and trainer log-probs are logged."""
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
-    """Stop (or warn) when training collapses with finite weights: loss, gradient norm or KL
-    jumping by orders of magnitude, sampled entropy rising to uniform, valid actions and reward
-    falling to 0 and staying there (see train/divergence.py)."""
+    """Warn (or stop: ``optim.divergence.mode=stop``) when training collapses with finite weights:
+    loss, gradient norm or KL jumping by orders of magnitude, sampled entropy rising to uniform,
+    valid actions and reward falling to 0 and staying there (see train/divergence.py)."""
 
     def __post_init__(self) -> None:
         _one_of("optim", "schedule", self.schedule, ["constant", "cosine", "linear"])
