@@ -103,7 +103,7 @@ class DataConfig:
     called (counted per tool, see envs/health.py)."""
     isolate_tools: bool = True
     """Run the ``data.tools`` plug-ins in a worker process that is killed at ``data.tool_timeout_s``,
-    so a tool hung while holding the GIL cannot stall the run. A call costs about 0.08 ms, as much
+    so a tool hung while holding the GIL cannot stall the run. A call costs 0.05-0.08 ms, as much
     as an in-process call on its timeout thread (benchmarks/tool_isolation.py). ``false``: in-process
     on a thread (a hung call is abandoned, not killed). The built-in ``search``/``open`` always run
     in-process."""
