@@ -55,7 +55,6 @@ tokens count only tokens sampled in the call (reused prefix tokens are not count
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -139,7 +138,9 @@ class RolloutEngine(TurnSteps):
         self.verifier = verifier
         self.config = config
         self._states: dict[str, _TreeState] = {}
-        self._ids = itertools.count()
+        self.trees_started = 0
+        """Trees started without explicit ids (their ids ``task#N`` seed the episodes); a trainer
+        checkpoints it so a resumed evaluation at ``temperature > 0`` draws the same episodes."""
         self.schedule = ScheduleStats()
         """Requests and engine steps of independent scheduling (stays zero in lockstep)."""
 
@@ -169,7 +170,10 @@ class RolloutEngine(TurnSteps):
         seed = _call_seed(seed, generator)
         trees, lives = [], []
         for i, task in enumerate(tasks):
-            tree_id = tree_ids[i] if tree_ids is not None else f"{task.id}#{next(self._ids)}"
+            if tree_ids is None:
+                tree_id, self.trees_started = f"{task.id}#{self.trees_started}", self.trees_started + 1
+            else:
+                tree_id = tree_ids[i]
             tree, state = self._new_tree(task, tree_id)
             trees.append(tree)
             lives += self._continuations(state, 0, n[i], seed)

@@ -28,6 +28,8 @@ from tracerl.testbed.tiny_config import DEFAULT_WORLD
 from tracerl.rollout.engine import EngineConfig
 from tracerl.allocation.schemes import SCHEMES, SchemeConfig
 from tracerl.train.config_checks import check_budget, check_device, check_extra, check_finite, check_model_source
+from tracerl.train.config_ranges import check_numbers
+from tracerl.train.divergence import DivergenceConfig
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, to_dict
 from tracerl.train.presets import PRESETS, SMOKE
 
@@ -96,11 +98,19 @@ class DataConfig:
     shuffle: bool = True
     """Shuffle training tasks once (seeded); the data cursor walks that order."""
     tool_timeout_s: float | None = 30.0
-    """Seconds one tool call may run before it counts as an infrastructure failure (the call is
-    abandoned on a daemon thread, so a hung tool never blocks the process from exiting).
+    """Seconds one tool call may run before it counts as an infrastructure failure (an isolated
+    tool's worker process is killed; an in-process call is abandoned on a daemon thread, so a hung
+    tool never blocks the process from exiting).
     ``null`` switches the limit off; 0 is rejected as ambiguous."""
     max_failed_tool_steps: int = 3
-    """Stop the run when every tool call of this many consecutive steps failed (see envs/health.py)."""
+    """Stop the run when one tool failed every call in this many consecutive steps in which it was
+    called (counted per tool, see envs/health.py)."""
+    isolate_tools: bool = True
+    """Run the ``data.tools`` plug-ins in a worker process that is killed at ``data.tool_timeout_s``,
+    so a tool hung while holding the GIL cannot stall the run. A call costs 0.05-0.08 ms, as much
+    as an in-process call on its timeout thread (benchmarks/tool_isolation.py). ``false``: in-process
+    on a thread (a hung call is abandoned, not killed). The built-in ``search``/``open`` always run
+    in-process."""
 
     def __post_init__(self) -> None:
         _one_of("data", "source", self.source, ["synthwiki", "files"])
@@ -111,7 +121,7 @@ class DataConfig:
         if not isinstance(self.tools, list) or not all(isinstance(t, str) for t in self.tools):
             raise ConfigError(f"data.tools must be a list of package.module:function paths, got {self.tools!r}")
         try:
-            names = [tool.name for tool in load_tools(self.tools)]
+            names = [tool.name for tool in load_tools(self.tools, self.isolate_tools)]
         except RegistryError as err:
             raise ConfigError(f"data.tools: {err}") from None
         if len(set(names)) < len(names):
@@ -332,6 +342,10 @@ class OptimConfig:
     update (``always``), never (``never``: trust the sampler's), or when the sampler is another
     engine (``auto``: when ``model.backend != 'hf'``). When recomputed, the per-step
     ``logprob_mismatch_mean_abs``/``_max`` between sampler and trainer log-probs are logged."""
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    """Warn (or stop: ``optim.divergence.mode=stop``) when training collapses with finite weights:
+    loss, gradient norm or KL jumping by orders of magnitude, sampled entropy rising to uniform,
+    valid actions and reward falling to 0 and staying there (see train/divergence.py)."""
 
     def __post_init__(self) -> None:
         _one_of("optim", "schedule", self.schedule, ["constant", "cosine", "linear"])
@@ -409,6 +423,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _one_of("<root>", "preset", self.preset, list(PRESETS))
+        check_numbers(self)  # no boolean for a number, every number in a computable range
         if self.steps < 1:
             raise ConfigError(f"steps must be >= 1, got {self.steps}")
         if self.algo.policy_loss in SEQUENCE_LEVEL_LOSSES and self.optim.loss_agg != "seq-mean-token-mean":

@@ -34,6 +34,7 @@ from tracerl.models.precision import DTYPES, compute_context, grad_scaler
 from tracerl.models.scoring import ReferenceScorer
 from tracerl.train.config import TrainConfig
 from tracerl.train.data import load_task_data, take_pool
+from tracerl.train.divergence import DivergenceMonitor, step_signals
 from tracerl.train.metrics import MetricsLog
 from tracerl.train.rollout_log import RolloutLog
 from tracerl.train.runstate import INITIAL, NonFiniteTrainingError, RunLifecycle  # noqa: F401 - INITIAL re-exported
@@ -137,6 +138,7 @@ class Trainer(RunLifecycle):
         self.totals = {"rollouts": 0, "generated_tokens": 0}
         self.nonfinite = {"streak": 0, "total": 0}
         self.tool_health = ToolHealth(cfg.data.max_failed_tool_steps)
+        self.divergence = DivergenceMonitor(cfg.optim.divergence, vocab_size=len(self.tokenizer))
         self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, config=cfg)
         self.rollout_log = RolloutLog(self.run_dir, self.tasks, enabled=cfg.log.rollouts,
                                       decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
@@ -161,7 +163,7 @@ class Trainer(RunLifecycle):
         with self._compute():
             result = self.scheme.collect(session, pool, cfg.rollout.budget, self.generator)
         tools = sum((ToolStats(**r) for r in session.tool_stats), ToolStats())  # read off the results
-        self.tool_health.observe(tools)  # stops a run whose tools all fail
+        self.tool_health.observe(tools)  # stops a run one of whose tools fails every call
         self.cursor += result.consumed
         trajectories = [t for tree in result.trees for t in tree.trajectories.values()]
         clock = self._phase_end(timings, "rollout", clock)
@@ -194,6 +196,7 @@ class Trainer(RunLifecycle):
         self.totals["generated_tokens"] += result.cost.generated_tokens
         record = self._record(result, trajectories, update, predictor_metrics, timings)
         record.update(tool_calls=tools.calls, tool_failures=tools.failures, **self._peaks)
+        record.update(step_signals(trajectories))  # valid-action rate and sampled entropy (divergence tests)
         record.update(time_rollout_execute=rollout_inner["execute"], time_rollout_readiness=rollout_inner["score"],
                       # generation throughput of the backend (hf or vllm): tokens over executor time
                       generated_tokens_per_s=result.cost.generated_tokens / max(rollout_inner["execute"], 1e-9))
@@ -299,6 +302,7 @@ class Trainer(RunLifecycle):
             self.echo(record)
             records.append(record)
             self._stop_if_nonfinite_streak()
+            self.divergence.observe(record, self._last_good)  # stops (or warns) when training collapsed
             if self.step_index % self.config.log.checkpoint_every == 0 or last:
                 self.save()
         return records

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tracerl.errors import UserError
 from tracerl.testbed.loading import load_model
 from tracerl.models.threads import set_threads
 from tracerl.train.checkpoint import (
@@ -40,8 +41,11 @@ INITIAL = "initial"
 model; see train/initial.py): the frozen reference is always rebuilt from it."""
 
 
-class NonFiniteTrainingError(RuntimeError):
-    """Training produced NaN/inf: too many skipped steps in a row, or non-finite weights at a save."""
+class NonFiniteTrainingError(UserError, RuntimeError):
+    """Training produced NaN/inf: too many skipped steps in a row, or non-finite weights at a save.
+
+    A :class:`~tracerl.errors.UserError` (the fix is a setting: the learning rate, the rewards), so
+    the command line prints its one line; still a ``RuntimeError`` for code that catches that."""
 
 
 class RunLifecycle:
@@ -71,6 +75,8 @@ class RunLifecycle:
     cursor: int
     totals: dict[str, int]
     nonfinite: dict[str, int]
+    tool_health: Any
+    divergence: Any
 
     def _claim_run_folder(self, resume: bool) -> Path | None:
         """Lock the folder, clear temporaries, check its state; the checkpoint to resume from."""
@@ -150,6 +156,9 @@ class RunLifecycle:
             "predictor": self.predictor.state_dict() if self.predictor is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": RngState.capture(self.generator).to_dict(),
+            "tool_health": self.tool_health.state_dict(),  # per-tool failure streaks
+            "eval_trees_started": self.executor.eval_engine.trees_started,  # seeds evaluation episodes
+            "divergence": self.divergence.state_dict(),  # the running baselines of the divergence tests
         }
         return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
                                config_to_yaml(self.config), self.config.log.keep_last)
@@ -166,6 +175,9 @@ class RunLifecycle:
         self.step_index, self.cursor, self.totals = state["step"], state["cursor"], state["totals"]
         self.nonfinite = dict(state.get("nonfinite", self.nonfinite))
         RngState.from_dict(state["rng"]).restore(self.generator)
+        self.tool_health.load_state_dict(state.get("tool_health", {}))
+        self.executor.eval_engine.trees_started = state.get("eval_trees_started", 0)
+        self.divergence.load_state_dict(state.get("divergence", {}))
         self.executor.sync_weights(self.model, self.step_index)  # the backend samples from the loaded weights
         self.log.truncate_after(self.step_index)
         self.rollout_log.truncate_after(self.step_index)
