@@ -30,6 +30,7 @@ from tracerl.rollout.schemes import SCHEMES, SchemeConfig
 from tracerl.train.config_checks import check_budget, check_device, check_extra, check_finite, check_model_source
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, to_dict
 from tracerl.train.presets import PRESETS, SMOKE
+from tracerl.train.data_source import DATA_PATHS, infer_data_source, synthwiki_ignores_paths
 
 
 def _one_of(section: str, name: str, value: Any, allowed: list[str] | tuple[str, ...]) -> None:
@@ -117,6 +118,9 @@ class DataConfig:
         check_finite("data", self)
         if self.tool_timeout_s is not None and not self.tool_timeout_s > 0:
             raise ConfigError(f"data.tool_timeout_s must be > 0 seconds, or null for no limit; got {self.tool_timeout_s}")
+        ignored = synthwiki_ignores_paths(self.source, {k: getattr(self, k) for k in DATA_PATHS})
+        if ignored:
+            raise ConfigError(ignored)
         if self.source == "files":
             if not (self.tasks and self.corpus):
                 raise ConfigError("data.source = 'files' needs data.tasks and data.corpus")
@@ -437,10 +441,10 @@ def resolve_config(
     data: dict[str, Any] = merge(to_dict(TrainConfig()), {"preset": preset, **PRESETS[preset]})
     if smoke:
         data = merge(data, SMOKE)
-    if config_file:
-        data = merge(data, load_yaml(config_file))
+    user: dict[str, Any] = load_yaml(config_file) if config_file else {}
     for text in overrides or []:
-        data = merge(data, parse_override(text))
+        user = merge(user, parse_override(text))
+    data = merge(data, infer_data_source(user))  # data paths without data.source mean files
     config = from_dict(TrainConfig, data)
     # Facts of this machine, checked where a run starts (and on resume: train/run.py), not in the
     # dataclass: a run's config.yaml must stay loadable elsewhere (eval, plot, a CPU-only machine).
