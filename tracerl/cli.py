@@ -318,7 +318,28 @@ def config_show(
     resolved, notes = checked_config(preset, config_file=config, overrides=set_ or [], smoke=smoke)
     for note in notes:
         typer.echo(f"note: {note}", err=True)
-    typer.echo(explained_yaml(resolved) if explain else config_to_yaml(resolved))
+    typer.echo(explained_yaml(resolved) if explain else config_to_yaml(resolved), nl=False)
+
+
+@config_app.command("reference")
+@_guarded("config reference")
+def config_reference(
+    out: str = typer.Option(None, "--out", help="Write the page here (e.g. docs/reference.md) instead of stdout."),
+) -> None:
+    """Every metrics.jsonl key and every config field with default and meaning, as Markdown."""
+    from tracerl.train.reference import reference_markdown
+
+    page = reference_markdown()
+    if out is None:
+        typer.echo(page, nl=False)
+        return
+    from pathlib import Path
+
+    from tracerl.train.runfolder import write_atomic
+
+    _STATE["writing"] = out
+    write_atomic(Path(out), page.encode())
+    typer.echo(out)
 
 
 @app.command("plot")
