@@ -173,3 +173,57 @@ def test_pretrain_prints_an_eta(tmp_path: Path, capsys: pytest.CaptureFixture[st
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("pretrain step")]
     assert [line.split(" loss")[0] for line in lines] == ["pretrain step 1/2", "pretrain step 2/2"]
     assert all(" elapsed, ETA " in line for line in lines) and lines[-1].endswith("ETA 0:00")
+
+
+# --- 2. tool names the tokenizer cannot spell --------------------------------------------------------
+
+
+def zorblat(quux: str) -> str:
+    """A tool whose name and argument are in no SynthWiki vocabulary."""
+    return quux
+
+
+def population(quux: str) -> str:
+    """A known word as a tool name, with an unknown argument name."""
+    return quux
+
+
+@pytest.mark.parametrize(("tool", "needle"), [
+    ("zorblat", "the tokenizer cannot encode tool name 'zorblat'"),
+    ("population", "the tokenizer cannot encode argument 'quux' of tool 'population'"),
+])
+def test_a_tool_name_the_model_cannot_read_is_refused(finished_run: Path, tmp_path: Path, tool: str, needle: str) -> None:
+    fixed_vocabulary = finished_run / "initial"  # a saved word-level tokenizer that never saw the tool
+    out = tmp_path / "run"
+    line = one_stderr_line(invoke("train", "grpo", "--smoke", "--out", str(out), "--set", f"data.tools=[{__name__}:{tool}]",
+                                  "--set", f"model.name_or_path={fixed_vocabulary}", "--set", "model.tool_list=true"), 1)
+    assert line.startswith(f"train failed: {needle}")
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_a_random_tiny_vocabulary_includes_the_runs_tools(tmp_path: Path) -> None:
+    from tracerl.train.loop import Trainer
+
+    config = resolve_config("grpo", smoke=True, overrides=[f"data.tools=[{__name__}:zorblat]", "model.tool_list=true"])
+    with Trainer(config, tmp_path / "run") as trainer:
+        ids = trainer.fmt.prompt_ids(trainer.data.train[0], trainer.data.environment.tools, trainer.tokenizer)
+        assert trainer.tokenizer.unk_token_id not in ids
+        assert "zorblat[quux]" in trainer.tokenizer.decode(ids)
+
+
+def test_markup_the_tokenizer_cannot_read_is_a_warning_naming_the_words() -> None:
+    from tracerl.agent.formats import get_format
+    from tracerl.core.types import Task
+    from tracerl.envs.coverage import check_tool_coverage
+    from tracerl.envs.tools import ToolSet
+    from tracerl.models.tiny import build_tiny_tokenizer
+
+    def search(query: str) -> str:
+        """Search."""
+        return query
+
+    task = Task(id="q", question="Where was Ada Stone born?", answers=("Lumen",))
+    word_level = build_tiny_tokenizer(["Question: Where was Ada Stone born?\nsearch[query] answer[text]"])
+    listed = check_tool_coverage(word_level, ToolSet([search]), get_format("react", tool_list=True), task)
+    assert listed == ["the prompt's markup and tool list have words the tokenizer encodes as <unk>: 'Actions:'"]
+    assert check_tool_coverage(word_level, ToolSet([search]), get_format("react", tool_list=False), task) == []

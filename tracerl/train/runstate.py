@@ -71,6 +71,7 @@ class RunLifecycle:
     cursor: int
     totals: dict[str, int]
     nonfinite: dict[str, int]
+    data: Any
 
     def _claim_run_folder(self, resume: bool) -> Path | None:
         """Lock the folder, clear temporaries, check its state; the checkpoint to resume from."""
@@ -113,8 +114,9 @@ class RunLifecycle:
                                      "the run cannot be resumed") from None
         vocab = None
         if cfg.model.name_or_path == "random-tiny":
+            from tracerl.envs.coverage import tool_texts
             from tracerl.models.tiny_data import vocabulary_texts
-            vocab = vocabulary_texts(cfg.data.world, self.fmt)
+            vocab = vocabulary_texts(cfg.data.world, self.fmt) + tool_texts(self.data.environment.tools)
         model, tokenizer = load_model(
             cfg.model.name_or_path, vocabulary_texts=vocab, tiny_preset=cfg.model.tiny_preset,
             dtype=cfg.model.dtype, device=device, seed=cfg.seed)
