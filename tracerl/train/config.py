@@ -73,7 +73,7 @@ class DataConfig:
     """Memorisation check: training-split questions of a world whose facts were re-drawn."""
     tasks: str = ""
     """``files`` source: training tasks (``.jsonl``; also ``.json`` list or ``.parquet``, the latter
-    with ``pip install 'tracerl[datasets]'``). ``tracerl data convert`` writes it from raw files."""
+    with ``pip install -e '.[datasets]'``). ``tracerl data convert`` writes it from raw files."""
     corpus: str = ""
     """``files`` source: corpus (``id, title, text``; same file types as ``data.tasks``)."""
     eval_tasks: str = ""
@@ -134,7 +134,7 @@ class DataConfig:
 
 @dataclass
 class LoraConfig:
-    """Optional LoRA adapter through peft (``pip install 'tracerl[lora]'``); ``r = 0`` is off.
+    """Optional LoRA adapter through peft (``pip install -e '.[lora]'``); ``r = 0`` is off.
 
     With LoRA only the adapter trains, and the frozen reference is the same model with the
     adapter disabled (no second copy of the weights)."""
@@ -199,7 +199,7 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     backend: str = "hf"
     """Rollout generation: ``hf`` (the built-in Hugging Face sampling loop on the training model)
-    or ``vllm`` (``pip install 'tracerl[vllm]'``; weights pushed after every update)."""
+    or ``vllm`` (``pip install -e '.[vllm]'``; weights pushed after every update)."""
     vllm_gpu_memory_utilization: float = 0.5
     """``vllm`` only: share of the GPU memory vLLM may take (the trainer keeps the rest)."""
     vllm_sleep: bool = False
