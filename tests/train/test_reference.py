@@ -79,3 +79,16 @@ def test_config_show_explain_comments_fields_and_reads_back(tmp_path: Path) -> N
     assert config_to_yaml(resolve_config("trace", config_file=path)) == config_to_yaml(config)
     result = CliRunner().invoke(app, ["config", "show", "trace", "--explain", "--set", "optim.lr=1e-5"])
     assert result.exit_code == 0 and result.stdout == text
+
+
+def test_docs_trace_names_real_config_keys_beside_its_symbols() -> None:
+    import re
+
+    text = (ROOT / "docs" / "TRACE.md").read_text(encoding="utf-8")
+    sections = ("data", "model", "rollout", "algo", "optim", "predictor", "eval", "log")
+    named = set(re.findall(rf"`((?:{'|'.join(sections)})\.[a-z_.0-9]+)", text))
+    keys = {f.key for f in config_fields()}
+    assert {"algo.advantage.horizon", "algo.advantage.terminal_scale", "algo.advantage.gamma_td",
+            "algo.advantage.w_turn", "algo.advantage.credit_eps", "rollout.budget",
+            "rollout.schemes.trace_max_per_anchor"} <= named
+    assert sorted(named - keys) == []
