@@ -227,3 +227,19 @@ def test_markup_the_tokenizer_cannot_read_is_a_warning_naming_the_words() -> Non
     listed = check_tool_coverage(word_level, ToolSet([search]), get_format("react", tool_list=True), task)
     assert listed == ["the prompt's markup and tool list have words the tokenizer encodes as <unk>: 'Actions:'"]
     assert check_tool_coverage(word_level, ToolSet([search]), get_format("react", tool_list=False), task) == []
+
+
+# --- 4. a smoke run that exercises tools, rewards and credit ---------------------------------------
+
+
+def test_smoke_pretrained_calls_tools_rewards_episodes_and_scores_credit(tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "run"  # pretrains the smoke model once (about 30 s on one core), then cached
+    result = invoke("train", "trace", "--smoke-pretrained", "--steps", "2", "--out", str(out), "--set", "eval.size=2")
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["tool_calls"] > 0 and r["readiness_gain_mean"] is not None for r in records)
+    assert max(r["reward_mean"] for r in records) > 0 and max(r["effective_ratio"] for r in records) > 0
+    assert "model.name_or_path: tiny" not in (out / "config.yaml").read_text()  # YAML nests it
+    assert "tiny_preset: smoke" in (out / "config.yaml").read_text()

@@ -272,6 +272,9 @@ def train(
     set_: list[str] = typer.Option(None, "--set", help="Override, e.g. --set optim.lr=1e-5 (repeatable)."),
     steps: int = typer.Option(None, help="Train until this many steps in total."),
     smoke: bool = typer.Option(False, help="Random tiny model on a tiny world: a sanity run in seconds."),
+    smoke_pretrained: bool = typer.Option(False, "--smoke-pretrained",
+                                          help="--smoke on the smoke-pretrained tiny model (cached): calls tools, "
+                                               "rewards some episodes, scores credit."),
     resume: str = typer.Option(None, "--resume", help="Continue the run in this folder exactly."),
     device: str = typer.Option(None, "--device", help="With --resume: continue on this device (e.g. cuda:0)."),
 ) -> None:
@@ -288,6 +291,10 @@ def train(
     else:
         if not preset or not out:
             raise UsageError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")
+        if smoke_pretrained:
+            from tracerl.train.presets import SMOKE_PRETRAINED
+
+            smoke, set_ = True, [*SMOKE_PRETRAINED, *(set_ or [])]
         _preflight(preset, config, set_ or [], smoke)
         start = start_training(preset, out, config_file=config, overrides=set_ or [], steps=steps, smoke=smoke)
     start()
