@@ -243,3 +243,13 @@ def test_smoke_pretrained_calls_tools_rewards_episodes_and_scores_credit(tmp_pat
     assert max(r["reward_mean"] for r in records) > 0 and max(r["effective_ratio"] for r in records) > 0
     assert "model.name_or_path: tiny" not in (out / "config.yaml").read_text()  # YAML nests it
     assert "tiny_preset: smoke" in (out / "config.yaml").read_text()
+
+
+def test_the_demo_ends_saying_where_tracerl_is_and_what_to_run_next() -> None:
+    import sys
+
+    from tracerl.train.demo import next_steps
+
+    line = next_steps(Path("demo_out/run"))
+    assert line.startswith(f"tracerl is {Path(sys.executable).parent / 'tracerl'} (")
+    assert line.endswith("Next: tracerl eval --run demo_out/run; tracerl view demo_out/run; tracerl plot demo_out/run")
