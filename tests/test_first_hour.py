@@ -144,6 +144,15 @@ def test_progress_line_drops_metrics_not_the_clock_and_shows_faults_first() -> N
     assert "ETA 5:26  infra_failed=3  eval 0.220" in faulty
 
 
+def test_the_width_is_the_terminal_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracerl.train.console import terminal_width
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert terminal_width() == 80
+    monkeypatch.setenv("COLUMNS", "20")
+    assert terminal_width() == 40  # never narrower than the clock needs
+
+
 def test_header_and_footer(tmp_path: Path) -> None:
     config = resolve_config("trace", overrides=["steps=200"])
     assert header(config, tmp_path, 990_000, 0) == (f"train trace | model tiny (default), 0.99M parameters | run "
@@ -157,9 +166,10 @@ def test_header_and_footer(tmp_path: Path) -> None:
 def test_train_prints_header_lines_and_footer(finished_run: Path, tmp_path: Path) -> None:
     run = tmp_path / "copy"
     shutil.copytree(finished_run, run)
-    lines = invoke("train", "--resume", str(run), "--steps", "4").stdout.splitlines()
+    lines = CliRunner().invoke(app, ["train", "--resume", str(run), "--steps", "4"], env={"COLUMNS": "80"}).stdout.splitlines()
     assert lines[0].startswith("train grpo | model random-tiny, ") and lines[0].endswith("| steps 2 -> 4")
     assert [line.split("  ")[0] for line in lines[1:3]] == ["step 3/4", "step 4/4"]
+    assert all(len(line) <= 80 and " ETA " in line and "reward " in line for line in lines[1:3])
     assert lines[3].startswith("final evaluation at step 4: accuracy ") and lines[3].endswith(str(run / "ckpt-000004"))
 
 
