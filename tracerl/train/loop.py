@@ -150,7 +150,8 @@ class Trainer(RunLifecycle):
         self.tool_health = ToolHealth(cfg.data.max_failed_tool_steps)
         self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, config=cfg)
         self.rollout_log = RolloutLog(self.run_dir, self.tasks, enabled=cfg.log.rollouts,
-                                      decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False))
+                                      decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
+                                      credit=cfg.algo.advantage if cfg.algo.credit else None)
         if self.resume_from is None:  # a (re)start from step 0 keeps no records of a lost attempt
             self.rollout_log.truncate_after(0)
         if self.resume_from is not None:
