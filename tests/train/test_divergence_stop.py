@@ -23,8 +23,8 @@ CHEAP = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=an
 
 @pytest.fixture(autouse=True, scope="module")
 def _pretrained() -> None:
-    from tracerl.models.tiny import load_or_pretrain
-    from tracerl.models.tiny_config import get_preset
+    from tracerl.testbed.tiny import load_or_pretrain
+    from tracerl.testbed.tiny_config import get_preset
 
     load_or_pretrain(get_preset("smoke"))
 

@@ -14,7 +14,7 @@ from tracerl.train.config import ConfigError, ModelConfig, resolve_config
 from tracerl.train.loop import Trainer
 from tracerl.train.update import UpdateSettings, token_logprobs, with_trainer_logprobs
 
-VLLM_HINT = r"model.backend = 'vllm' needs vLLM: pip install 'tracerl\[vllm\]' \(or make vllm\)"
+VLLM_HINT = r"model.backend = 'vllm' needs vLLM: pip install -e '\.\[vllm\]' \(or make vllm\)"
 
 
 def _hide_vllm(monkeypatch: pytest.MonkeyPatch, present: bool) -> None:

@@ -20,8 +20,8 @@ CHEAP = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=an
 
 
 def test_a_gil_holding_search_is_killed_per_call_and_stops_the_run(tmp_path: Path) -> None:
-    from tracerl.models.tiny import load_or_pretrain
-    from tracerl.models.tiny_config import get_preset
+    from tracerl.testbed.tiny import load_or_pretrain
+    from tracerl.testbed.tiny_config import get_preset
 
     load_or_pretrain(get_preset("smoke"))
     config = resolve_config("grpo", smoke=True, overrides=[

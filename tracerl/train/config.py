@@ -32,6 +32,7 @@ from tracerl.train.config_ranges import check_numbers
 from tracerl.train.divergence import DivergenceConfig
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, to_dict
 from tracerl.train.presets import PRESETS, SMOKE
+from tracerl.train.data_source import DATA_PATHS, infer_data_source, synthwiki_ignores_paths
 
 
 EXECUTORS = ("local",)
@@ -78,7 +79,7 @@ class DataConfig:
     """Memorisation check: training-split questions of a world whose facts were re-drawn."""
     tasks: str = ""
     """``files`` source: training tasks (``.jsonl``; also ``.json`` list or ``.parquet``, the latter
-    with ``pip install 'tracerl[datasets]'``). ``tracerl data convert`` writes it from raw files."""
+    with ``pip install -e '.[datasets]'``). ``tracerl data convert`` writes it from raw files."""
     corpus: str = ""
     """``files`` source: corpus (``id, title, text``; same file types as ``data.tasks``)."""
     eval_tasks: str = ""
@@ -131,6 +132,9 @@ class DataConfig:
         check_finite("data", self)
         if self.tool_timeout_s is not None and not self.tool_timeout_s > 0:
             raise ConfigError(f"data.tool_timeout_s must be > 0 seconds, or null for no limit; got {self.tool_timeout_s}")
+        ignored = synthwiki_ignores_paths(self.source, {k: getattr(self, k) for k in DATA_PATHS})
+        if ignored:
+            raise ConfigError(ignored)
         if self.source == "files":
             if not (self.tasks and self.corpus):
                 raise ConfigError("data.source = 'files' needs data.tasks and data.corpus")
@@ -144,7 +148,7 @@ class DataConfig:
 
 @dataclass
 class LoraConfig:
-    """Optional LoRA adapter through peft (``pip install 'tracerl[lora]'``); ``r = 0`` is off.
+    """Optional LoRA adapter through peft (``pip install -e '.[lora]'``); ``r = 0`` is off.
 
     With LoRA only the adapter trains, and the frozen reference is the same model with the
     adapter disabled (no second copy of the weights)."""
@@ -209,7 +213,7 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     backend: str = "hf"
     """Rollout generation: ``hf`` (the built-in Hugging Face sampling loop on the training model)
-    or ``vllm`` (``pip install 'tracerl[vllm]'``; weights pushed after every update)."""
+    or ``vllm`` (``pip install -e '.[vllm]'``; weights pushed after every update)."""
     vllm_gpu_memory_utilization: float = 0.5
     """``vllm`` only: share of the GPU memory vLLM may take (the trainer keeps the rest)."""
     vllm_sleep: bool = False
@@ -460,10 +464,10 @@ def resolve_config(
     data: dict[str, Any] = merge(to_dict(TrainConfig()), {"preset": preset, **PRESETS[preset]})
     if smoke:
         data = merge(data, SMOKE)
-    if config_file:
-        data = merge(data, load_yaml(config_file))
+    user: dict[str, Any] = load_yaml(config_file) if config_file else {}
     for text in overrides or []:
-        data = merge(data, parse_override(text))
+        user = merge(user, parse_override(text))
+    data = merge(data, infer_data_source(user))  # data paths without data.source mean files
     config = from_dict(TrainConfig, data)
     # Facts of this machine, checked where a run starts (and on resume: train/run.py), not in the
     # dataclass: a run's config.yaml must stay loadable elsewhere (eval, plot, a CPU-only machine).

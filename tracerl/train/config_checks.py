@@ -131,7 +131,7 @@ def _check_model_folder(path: Path, field: str) -> None:
 def check_extra(field: str, enabled: bool, module: str, extra: str) -> None:
     """An optional logger that is switched on must be installed (found without importing it)."""
     if enabled and importlib.util.find_spec(module) is None:
-        raise ConfigError(f"{field} = true needs the {module} package: pip install tracerl[{extra}] "
+        raise ConfigError(f"{field} = true needs the {module} package: pip install -e '.[{extra}]' "
                           f"(or set {field}=false)")
 
 

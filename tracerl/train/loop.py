@@ -25,7 +25,7 @@ from tracerl.allocation.session import RolloutSession
 from tracerl.core.advantages import AdvantageBatch, get_estimator
 from tracerl.core.seeds import derive_seed
 from tracerl.core.types import Trajectory
-from tracerl.envs.coverage import check_tokenizer_coverage
+from tracerl.envs.coverage import check_tokenizer_coverage, check_tool_coverage
 from tracerl.envs.health import ToolHealth, ToolStats
 from tracerl.models.factory import make_reference_engine
 from tracerl.models.lora import apply_lora, trainable_parameters
@@ -103,6 +103,8 @@ class Trainer(RunLifecycle):
             warnings.warn(f"tokenizer coverage: {line}", stacklevel=2)
         self.fmt = get_format(cfg.model.format, tokenizer=self.tokenizer, system=cfg.model.system_prompt,
                               tool_list=cfg.model.tool_list)
+        for line in check_tool_coverage(self.tokenizer, self.data.environment.tools, self.fmt, self.data.train[0]):
+            warnings.warn(f"tokenizer coverage: {line}", stacklevel=2)  # an <unk> tool name is refused above
         self.model = _prepare_policy(self.model, cfg)
         needs_reference = cfg.algo.credit or cfg.optim.kl_coef > 0
         # The frozen reference needs no float32 master copy: keep it in the working precision.

@@ -77,6 +77,7 @@ class RunLifecycle:
     nonfinite: dict[str, int]
     tool_health: Any
     divergence: Any
+    data: Any
 
     def _claim_run_folder(self, resume: bool) -> Path | None:
         """Lock the folder, clear temporaries, check its state; the checkpoint to resume from."""
@@ -119,8 +120,9 @@ class RunLifecycle:
                                      "the run cannot be resumed") from None
         vocab = None
         if cfg.model.name_or_path == "random-tiny":
+            from tracerl.envs.coverage import tool_texts
             from tracerl.testbed.tiny_data import vocabulary_texts
-            vocab = vocabulary_texts(cfg.data.world, self.fmt)
+            vocab = vocabulary_texts(cfg.data.world, self.fmt) + tool_texts(self.data.environment.tools)
         model, tokenizer = load_model(
             cfg.model.name_or_path, vocabulary_texts=vocab, tiny_preset=cfg.model.tiny_preset,
             dtype=cfg.model.dtype, device=device, seed=cfg.seed)
