@@ -150,7 +150,7 @@ def load_full_state(model: Any, state: dict[str, torch.Tensor]) -> None:
 
 def serve(config: TrainConfig) -> None:
     """A rank > 0: join, load the initial policy rank 0 wrote, then run commands until ``stop``."""
-    from tracerl.models.loading import load_model
+    from tracerl.testbed.loading import load_model
     from tracerl.models.threads import set_threads
     from tracerl.train.initial import initial_source
     from tracerl.train.loop import _prepare_policy

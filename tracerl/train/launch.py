@@ -52,8 +52,7 @@ def check_launch(preset: str | None, config_file: str | None, overrides: list[st
                  resume: str | None, out: str | None, nproc: int) -> None:
     """What would fail on every rank, checked once before torchrun starts them (one line, exit 1)."""
     from tracerl.train.checkpoint import latest_checkpoint
-    from tracerl.train.config_checks import check_model_source
-    from tracerl.train.data import check_task_files
+    from tracerl.train.preflight import checked_config
     from tracerl.train.dist_config import DCP_FOLDER, check_dist
     from tracerl.train.runfolder import refuse_if_state
     from tracerl.train.run import read_run_config
@@ -67,9 +66,7 @@ def check_launch(preset: str | None, config_file: str | None, overrides: list[st
             raise CheckpointStateError(f"{folder} was written by one process (no {DCP_FOLDER}/ with the sharded "
                                        "optimiser); resume it with --nproc 1")
         return
-    config = resolve_config(preset or "", config_file=config_file, overrides=overrides, smoke=smoke)
-    check_task_files(config.data)
-    check_model_source(config.model.name_or_path)
+    checked_config(preset or "", config_file=config_file, overrides=overrides, smoke=smoke)
     refuse_if_state(Path(out or "."))
 
 
