@@ -31,7 +31,7 @@ from tracerl.models.lora import apply_lora, trainable_parameters
 from tracerl.models.memory import enable_gradient_checkpointing
 from tracerl.models.precision import DTYPES, compute_context, grad_scaler
 from tracerl.models.sampling import derive_seed
-from tracerl.models.scoring import ReferenceScorer
+from tracerl.models.scoring import EMPTY_THINK, ReferenceScorer
 from tracerl.rollout.engine import RolloutEngine
 from tracerl.rollout.evaluate import evaluate
 from tracerl.rollout.executor import LocalExecutor
@@ -112,7 +112,8 @@ class Trainer(RunLifecycle):
         # float16 is different: autocast only keeps float32 weights' residual stream and norms out of
         # float16, so a float16 reference would overflow on large activations; it stays float32.
         ref_dtype = DTYPES["bfloat16"] if cfg.model.dtype == "bfloat16" else None
-        self.reference = (ReferenceScorer(self.model, self.tokenizer, self.fmt, dtype=ref_dtype)
+        self.reference = (ReferenceScorer(self.model, self.tokenizer, self.fmt, dtype=ref_dtype,
+                                          answer_prefix=EMPTY_THINK if cfg.algo.score_after_empty_think else "")
                           if needs_reference else None)
         self.reference_engine = None  # algo.reference_backend = vllm: readiness from a frozen vLLM engine
         if self.reference is not None and cfg.algo.credit and cfg.algo.reference_backend == "vllm":
