@@ -302,6 +302,10 @@ def markdown_tables(results: Path = RESULTS) -> str:
         data = json.loads(path.read_text())
         if any(m.get("final_accuracy_by_hops") for m in data["methods"].values()):
             parts.append(_hops_table(path.stem, data))
+            if any(m.get("paired_vs_grpo") for m in data["methods"].values()):
+                from protocol import protocol_table  # imports this module's table helpers
+
+                parts.append(protocol_table(path.stem, data))
             continue
         rows = [[name, _fmt(m["final_accuracy_mean"], True), _fmt(m["final_accuracy_std"], True),
                  _fmt(m.get("train_accuracy_mean"), True), _fmt(m.get("redrawn_accuracy_mean"), True),

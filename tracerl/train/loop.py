@@ -32,6 +32,7 @@ from tracerl.models.memory import enable_gradient_checkpointing
 from tracerl.models.precision import DTYPES, compute_context, grad_scaler
 from tracerl.models.sampling import derive_seed
 from tracerl.models.scoring import EMPTY_THINK, ReferenceScorer
+from tracerl.train.trace_metrics import TraceMetrics
 from tracerl.rollout.engine import RolloutEngine
 from tracerl.rollout.evaluate import evaluate
 from tracerl.rollout.executor import LocalExecutor
@@ -129,6 +130,7 @@ class Trainer(RunLifecycle):
         score = self.reference.score if (self.reference and cfg.algo.credit) else None
         self.executor = LocalExecutor(self.engine, score)
         self.predictor = SuccessPredictor(cfg.predictor) if cfg.uses_predictor else None
+        self.trace_metrics = TraceMetrics(cfg.algo.estimator, cfg.algo.advantage)  # strata, credit readings
         if self.predictor is not None and cfg.predictor.uses_hidden:  # HF only (checked by the config)
             self.backend.record_states = True  # type: ignore[attr-defined]
         self.scheme = get_scheme(cfg.rollout.scheme, cfg.rollout.schemes, self.predictor, score is not None)
@@ -194,6 +196,7 @@ class Trainer(RunLifecycle):
         clock = self._phase_end(timings, "update", clock)
 
         self.rollout_log.write(self.step_index + 1, result.trees, advantages, self.predictor)  # before the metrics line
+        trace_record = self.trace_metrics.observe(pool, result.trees, self.tasks, batch, self.predictor)
         predictor_metrics = self.predictor.update(result.trees) if self.predictor is not None else {}
         self._phase_end(timings, "predictor", clock)
         session.forget()
@@ -202,7 +205,7 @@ class Trainer(RunLifecycle):
         self.totals["rollouts"] += result.cost.rollouts
         self.totals["generated_tokens"] += result.cost.generated_tokens
         record = self._record(result, trajectories, update, predictor_metrics, timings)
-        record.update(tool_calls=tools.calls, tool_failures=tools.failures, **self._peaks)
+        record.update(tool_calls=tools.calls, tool_failures=tools.failures, **self._peaks, **trace_record)
         record.update(time_rollout_execute=rollout_inner["execute"], time_rollout_readiness=rollout_inner["score"],
                       # generation throughput of the backend (hf or vllm): tokens over executor time
                       generated_tokens_per_s=result.cost.generated_tokens / max(rollout_inner["execute"], 1e-9))
