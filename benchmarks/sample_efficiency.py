@@ -50,6 +50,8 @@ from typing import Any
 
 from common import (
     BENCH_SETTING,
+    CREDIT_SETTING,
+    LOOKALIKE_SETTING,
     LEARNABLE_SETTING,
     RESULTS,
     add_config_args,
@@ -85,6 +87,8 @@ method reached its plateau within 20-40 steps; that sweep is ``sample_efficiency
 SETTINGS: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "bench": (BENCH_SETTING, ("eval.every=20",)),
     "demo": (LEARNABLE_SETTING, SLOWER),
+    "credit": (CREDIT_SETTING, ("eval.every=20",)),
+    "lookalike": (LOOKALIKE_SETTING, ("eval.every=20",)),
 }
 """``--setting``: the named setting and the tail applied after it."""
 QUICK = ["rollout.budget=16", "rollout.pool_size=8", "rollout.schemes.group_size=4", "rollout.schemes.tree_initial=2",
@@ -106,7 +110,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=4, help="Samples per question of the sampled endpoint.")
     p.add_argument("--setting", choices=sorted(SETTINGS), default="bench",
                    help="bench: common.BENCH_SETTING (issue 13's testbed); demo: the demo's setting at lr 3e-4 "
-                        "(the sweep of sample_efficiency.json before issue 13).")
+                        "(the sweep of sample_efficiency.json before issue 13); credit: common.CREDIT_SETTING "
+                        "(2-3 hops, 8 turns); lookalike: common.LOOKALIKE_SETTING (credit with look-alike names).")
     p.add_argument("--out", type=Path, default=RESULTS / "sample_efficiency.json")
     add_config_args(p)
     args = p.parse_args()
