@@ -333,9 +333,14 @@ def merge_shards(paths: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], di
         if same(shard) != same(shards[0]):
             raise SystemExit(f"{path}: its setting differs from {paths[0]}'s; shards must share one setting")
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS + ABLATIONS + OPTIONS}
-    for shard in shards:
+    for path, shard in zip(paths, shards):
         for method, rs in shard["runs"].items():
-            runs[method] += rs
+            for run in rs:  # a method's run of one seed held by two shards (grpo beside each arm) counts once
+                twin = next((r for r in runs[method] if r["seed"] == run["seed"]), None)
+                if twin is None:
+                    runs[method].append(run)
+                elif (twin["final"], twin.get("sampled")) != (run["final"], run.get("sampled")):
+                    raise SystemExit(f"{path}: {method} seed {run['seed']} differs from the run another shard holds")
     runs = {m: sorted(rs, key=lambda r: r["seed"]) for m, rs in runs.items() if rs}
     seconds = sum(shard["seconds"] for shard in shards)
     setting = {**shards[0]["setting"], "seeds": max(len(rs) for rs in runs.values())}

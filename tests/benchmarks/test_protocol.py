@@ -54,3 +54,20 @@ def test_summary_and_table() -> None:
     methods = {"grpo": {"seeds": 2, **se.protocol_summary(grpo, grpo)}, "arm": {"seeds": 2, **got}}
     table = protocol.protocol_table("x", {"methods": methods, "setting": {"sampled_samples": 4, "sampled_questions": 300}})
     assert "| arm | 2 | 29.0 ± 5.7% |" in table and "+4.0 [+3.0, +5.0] (n 2)" in table
+
+
+def test_merge_keeps_one_of_identical_twins_and_rejects_different_ones(tmp_path) -> None:
+    import json
+
+    def shard(name: str, runs: dict) -> Path:
+        path = tmp_path / name
+        path.write_text(json.dumps({"setting": {"seeds": 1}, "runs": runs, "seconds": 1.0}))
+        return path
+
+    a = shard("a.json", {"grpo": [run(0, 0.2)], "trace_alloc": [run(0, 0.3)]})
+    b = shard("b.json", {"grpo": [run(0, 0.2)], "trace_alloc_coverage": [run(0, 0.25)]})
+    runs, _ = se.merge_shards([a, b])
+    assert [len(runs[m]) for m in ("grpo", "trace_alloc", "trace_alloc_coverage")] == [1, 1, 1]
+    c = shard("c.json", {"grpo": [run(0, 0.9)]})
+    with pytest.raises(SystemExit, match="grpo seed 0 differs"):
+        se.merge_shards([a, c])
