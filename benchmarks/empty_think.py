@@ -12,7 +12,7 @@ and with a document about another person (useless), scored after ``<answer>`` al
 the empty think block; and the AUC of ``l`` for telling the two apart (the signal TRACE credit
 reads as ``delta_k``).
 
-    python benchmarks/empty_think.py   # ~2 min on one core
+    python benchmarks/empty_think.py   # 4,000 steps: ~14 min of one core on a loaded machine
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def readiness(model: Any, tok: Any, fmt: Any, text: str, gold: str, prefix: str)
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--pairs", type=int, default=60, help="Held-out (person, city) pairs scored.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
