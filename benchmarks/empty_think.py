@@ -3,7 +3,7 @@
 A thinking model (Qwen3 in thinking mode) always opens its answer turn with ``<think> ... </think>``;
 scored right after the turn opens, ``<answer>`` + gold is a continuation it never writes. This
 script builds such a model in miniature and measures what the option changes: a byte-level BPE
-(``tracerl.models.tiny_bpe``) and a random two-layer Qwen3 trained for ``--steps`` steps on
+(``tracerl.testbed.tiny_bpe``) and a random two-layer Qwen3 trained for ``--steps`` steps on
 chat episodes "document + question -> <think> copy of the fact </think> <answer> gold </answer>"
 (pairings drawn afresh every batch, so the model must copy the city from the document), then, on
 people it never saw, readiness ``l`` (mean log-prob of the gold's ids from
@@ -28,7 +28,7 @@ from common import RESULTS, configure_torch, machine, mean, write_json
 from tracerl.allocation.predictor import weighted_auc
 from tracerl.agent.formats import get_format
 from tracerl.models.scoring import EMPTY_THINK, answer_token_ids, score_prefixes
-from tracerl.models.tiny_bpe import random_qwen3, train_bpe_tokenizer
+from tracerl.testbed.tiny_bpe import random_qwen3, train_bpe_tokenizer
 
 SYLLABLES = ["ka", "lo", "mi", "ren", "su", "ta", "vo", "zel", "bar", "dun", "fi", "gor", "hal", "jun"]
 

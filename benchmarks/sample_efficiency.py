@@ -184,9 +184,13 @@ def sampled_success(trainer: Any, seed: int, args: argparse.Namespace) -> dict[s
         return None
     trainer.model.eval()
     generator = torch.Generator().manual_seed(104729 + seed)
+    executor = trainer.executor  # the local executor: its training engine samples at the rollout temperature
     with trainer._compute():
-        report = evaluate(trainer.engine, tasks, samples=args.samples, generator=generator)
-    trainer.backend.clear_prefix_cache()
+        report = evaluate(executor.engine, tasks, samples=args.samples, generator=generator)
+    executor.clear_prefix_cache()  # as the executor's own evaluation: its KV must not serve training,
+    take = getattr(executor.engine.env, "take_tool_stats", None)  # nor its tool calls count in a step
+    if callable(take):
+        take()
     return {"all": report.metrics["em"], **by_hops(report.metrics, "em_hops")}
 
 

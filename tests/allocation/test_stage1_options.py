@@ -13,8 +13,9 @@ from alloc_world import make_engine, shared
 from tracerl.allocation.predictor import PredictorConfig, SuccessPredictor
 from tracerl.allocation.trace_scheme import TraceScheme
 from tracerl.core.allocation import allocate_roots, exploration_prompts, root_value
-from tracerl.rollout.schemes import SchemeConfig, get_scheme
-from tracerl.rollout.session import as_session
+from tracerl.allocation.schemes import SchemeConfig, get_scheme
+from tracerl.allocation.session import as_session
+from tracerl.rollout.executor import LocalExecutor
 from tracerl.train.config import resolve_config
 from tracerl.train.config_io import ConfigError
 
@@ -64,7 +65,7 @@ def test_coverage_decides_how_many_not_which(setup) -> None:
 def test_coverage_collect_trains_chains_prompts(setup) -> None:
     w, engine, pred = setup
     cfg = SchemeConfig(group_size=8, trace_root_mode="coverage")
-    session = as_session(engine, seed=3)
+    session = as_session(LocalExecutor(engine), seed=3)
     result = get_scheme("trace", cfg, predictor=pred).collect(session, w.train[:12], 32)
     assert sorted(t.task_id for t in result.trees) == sorted(t.id for t in w.train[:4])  # chain's 32 // 8
     assert result.cost.rollouts == 32 and result.info["stage1_rollouts"] == 16
@@ -85,7 +86,7 @@ def test_exploration_draws_uniformly_then_allocates_the_rest_exactly(setup) -> N
 def test_exploration_collect_reports_its_prompts(setup) -> None:
     w, engine, pred = setup
     cfg = SchemeConfig(group_size=4, trace_min_per_prompt=2, trace_explore_fraction=0.5)
-    session = as_session(engine, seed=4)
+    session = as_session(LocalExecutor(engine), seed=4)
     result = get_scheme("trace", cfg, predictor=pred).collect(session, w.train[:8], 32)
     assert result.info["explore_prompts"] == 4.0 and result.cost.rollouts == 32
     session.forget()

@@ -30,7 +30,7 @@ class Document:
     text: str
 
 
-PARQUET_MISSING = ("reading .parquet files needs pyarrow: pip install 'tracerl[datasets]' "
+PARQUET_MISSING = ("reading .parquet files needs pyarrow: pip install -e '.[datasets]' "
                    "(or convert the file to .jsonl)")
 
 

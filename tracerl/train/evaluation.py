@@ -23,7 +23,7 @@ def load_run_policy(run_dir: Path, device: str) -> tuple[Any, Any, TrainConfig, 
     A LoRA checkpoint holds only the adapter: the base comes from the run's ``initial/`` (a copy,
     or the checked reference to the on-disk base model) and the adapter is loaded into it.
     """
-    from tracerl.models.loading import load_model
+    from tracerl.testbed.loading import load_model
     from tracerl.train.initial import initial_source
     from tracerl.train.loop import INITIAL
 

@@ -76,13 +76,13 @@ class MetricsLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as err:
-                raise RuntimeError("log.tensorboard=true needs `pip install tracerl[tensorboard]`") from err
+                raise RuntimeError("log.tensorboard=true needs `pip install -e '.[tensorboard]'`") from err
             self._tb = SummaryWriter(str(run_dir / "tensorboard"))
         if wandb:
             try:
                 import wandb as wandb_module
             except ImportError as err:
-                raise RuntimeError("log.wandb=true needs `pip install tracerl[wandb]`") from err
+                raise RuntimeError("log.wandb=true needs `pip install -e '.[wandb]'`") from err
             log_cfg = getattr(config, "log", None)
             self._wandb = wandb_module.init(project=getattr(log_cfg, "wandb_project", "tracerl"),
                                             entity=getattr(log_cfg, "wandb_entity", "") or None,
