@@ -7,7 +7,7 @@
   handcrafted-feature predictor, ``stratum_pred_s`` (its mean predicted root value before this
   step's update: calibration is ``pred`` against ``success``). A stratum that holds at least
   ``min_pool_share`` of the pool over the last ``window`` steps while getting under ``floor`` of
-  the trained prompts raises a warning once (stage 1 is starving it: issue-style hard prompts).
+  the trained prompts raises a warning once (stage 1 is starving it).
 * Credit: :func:`tracerl.core.tree_advantages.credit_diagnostics` when the estimator is
   ``trace_credit``.
 
