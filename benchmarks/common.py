@@ -63,6 +63,20 @@ knows how many searches a question needs, not which). Chosen by the lever measur
 benchmarks/README.md ("Choosing the setting", ``results/testbed_levers.json``)."""
 
 
+CREDIT_SETTING: list[str] = BENCH_SETTING + [
+    "data.world.min_hops=2",  # two- and three-hop questions only: most GRPO groups all-fail
+    "rollout.engine.max_turns=8",  # room for a wrong search and a retry
+]
+"""The credit testbed: where turn credit should matter (long episodes, sparse outcomes)."""
+
+LOOKALIKE_SETTING: list[str] = [s for s in CREDIT_SETTING if not s.startswith(("model.tiny_preset", "data.world.distractors"))] + [
+    "model.tiny_preset=bench_hops_lookalike",  # pretrained on the world with look-alike names
+    "data.world.distractors=1",  # one look-alike per name: a wrong search returns a document without the gold
+]
+"""The credit testbed with look-alike distractor names (a search for the look-alike finds a
+document of the same shape without the gold), on a base model pretrained on that vocabulary."""
+
+
 def add_config_args(parser: argparse.ArgumentParser, *, hard: bool = True) -> None:
     """``--set``, ``--smoke``, ``--dev-model``, ``--hard``, ``--threads``, ``--work-dir``."""
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE",
@@ -302,6 +316,10 @@ def markdown_tables(results: Path = RESULTS) -> str:
         data = json.loads(path.read_text())
         if any(m.get("final_accuracy_by_hops") for m in data["methods"].values()):
             parts.append(_hops_table(path.stem, data))
+            if any(m.get("paired_vs_grpo") for m in data["methods"].values()):
+                from protocol import protocol_table  # imports this module's table helpers
+
+                parts.append(protocol_table(path.stem, data))
             continue
         rows = [[name, _fmt(m["final_accuracy_mean"], True), _fmt(m["final_accuracy_std"], True),
                  _fmt(m.get("train_accuracy_mean"), True), _fmt(m.get("redrawn_accuracy_mean"), True),

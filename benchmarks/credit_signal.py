@@ -111,6 +111,9 @@ def measure(trajectories: list[Trajectory], tasks: dict[str, Any], outcome: list
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=4, help="Pools of training questions (16 prompts x 8 chains each).")
+    p.add_argument("--setting", choices=("bench", "credit", "lookalike"), default="bench",
+                   help="sample_efficiency.py's setting the rollouts come from (lookalike: does readiness separate "
+                        "useful searches from look-alike ones?).")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/tracerl-credit-signal"))
@@ -124,7 +127,7 @@ def main() -> None:
     from tracerl.train.loop import Trainer
 
     clock = time.perf_counter()
-    knobs = argparse.Namespace(setting="bench", quick=False, smoke=False, hard=False, dev_model=False, overrides=[])
+    knobs = argparse.Namespace(setting=args.setting, quick=False, smoke=False, hard=False, dev_model=False, overrides=[])
     overrides = sweep_overrides(knobs) + [f"seed={args.seed}"]
     config = resolve("trace_credit", overrides, False)
     trainer = Trainer(config, fresh_dir(args.work_dir))

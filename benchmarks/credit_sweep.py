@@ -60,7 +60,9 @@ from common import (
     std,
     write_json,
 )
-from sample_efficiency import SETTINGS, hops_summary, run_one, sweep_overrides
+from sample_efficiency import SETTINGS, hops_summary, protocol_summary, run_one, sweep_overrides
+
+from tracerl.core.credit import CENTRE_MODES
 
 PRESET = "trace_credit"
 CENTER = (3, 0.2, "log_ratio")
@@ -82,6 +84,11 @@ def _args() -> argparse.Namespace:
     p.add_argument("--seed-list", type=int, nargs="+", help="Run these seeds instead of 0..--seeds-1 (a shard).")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--final-eval", type=int, default=200, help="Questions per split in the final evaluation.")
+    p.add_argument("--sampled-eval", type=int, default=300, help="As in sample_efficiency.py: the sampled endpoint.")
+    p.add_argument("--samples", type=int, default=4, help="Samples per question of the sampled endpoint.")
+    p.add_argument("--centres", nargs="+", default=["none"], choices=CENTRE_MODES,
+                   help="Turn-term centring (algo.advantage.credit_centre); each mode other than none adds two "
+                        "points, at the centre and at K = 1 (cross grid).")
     p.add_argument("--merge", type=Path, nargs="+", metavar="SHARD.json", help="Combine shard files; trains nothing.")
     p.add_argument("--skip-from", type=Path, nargs="+", default=[], metavar="SHARD.json",
                    help="Do not rerun the (point, seed) runs these files hold (shards, or a sample-efficiency "
@@ -98,14 +105,14 @@ def _args() -> argparse.Namespace:
     args = p.parse_args()
     if args.quick:
         args.smoke, args.dev_model = True, True
-        args.seeds, args.steps, args.final_eval = 1, 3, 16
+        args.seeds, args.steps, args.final_eval, args.sampled_eval, args.samples = 1, 3, 16, 16, 2
         args.horizons, args.w_turns, args.forms = [1, 3], [0.2, 1.0], ["log_ratio", "remaining_gap"]
     args.seed_list = args.seed_list if args.seed_list is not None else list(range(args.seeds))
     return args
 
 
-def label(horizon: int, w_turn: float, form: str) -> str:
-    return f"K={horizon} w_turn={w_turn:g} {form}"
+def label(horizon: int, w_turn: float, form: str, centre: str = "none") -> str:
+    return f"K={horizon} w_turn={w_turn:g} {form}" + ("" if centre == "none" else f" centre={centre}")
 
 
 def grid(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -121,12 +128,18 @@ def grid(args: argparse.Namespace) -> list[dict[str, Any]]:
         axes = [name for name, same in (("horizon", (w, f) == (w0, f0)), ("w_turn", (k, f) == (k0, f0)),
                                         ("credit_value", (k, w) == (k0, w0))) if same]
         points.setdefault(label(k, w, f), {"horizon": k, "w_turn": w, "credit_value": f, "axes": axes})
+    for c in (c for c in getattr(args, "centres", ["none"]) if c != "none"):  # centred: at the centre and at K = 1
+        for k in dict.fromkeys((k0, 1)):
+            points.setdefault(label(k, w0, f0, c), {"horizon": k, "w_turn": w0, "credit_value": f0,
+                                                    "credit_centre": c, "axes": ["credit_centre"]})
     return [{"label": name, **point} for name, point in points.items()]
 
 
 def point_overrides(point: dict[str, Any]) -> list[str]:
+    centre = point.get("credit_centre", "none")  # shards written before the centring axis hold none
     return [f"algo.advantage.horizon={point['horizon']}", f"algo.advantage.w_turn={point['w_turn']}",
-            f"algo.advantage.credit_value={point['credit_value']}"]
+            f"algo.advantage.credit_value={point['credit_value']}"] + (
+        [f"algo.advantage.credit_centre={centre}"] if centre != "none" else [])
 
 
 def late_tokens_per_step(run: dict[str, Any]) -> float | None:
@@ -161,6 +174,8 @@ def summarise(points: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]
             "total_generated_tokens_mean": mean([r["curve"][-1]["generated_tokens"] for r in rs]),
             "late_tokens_per_step_mean": mean([late_tokens_per_step(r) for r in rs]),
             "seeds": len(rs), "seed_list": [r["seed"] for r in rs],
+            "credit_centre": point.get("credit_centre", "none"),
+            **protocol_summary(rs, runs.get(GRPO_POINT)),
         })
         out[point["label"]] = summary
     center = out.get(label(*CENTER), {}).get("final_accuracy_mean")
@@ -298,6 +313,7 @@ def sweep(args: argparse.Namespace, points: list[dict[str, Any]],
     setting = {"preset": PRESET, "overrides": overrides, "setting": args.setting, "smoke": args.smoke, "hard": args.hard,
                **describe_config(resolve(PRESET, overrides, args.smoke)), "steps": args.steps,
                "seeds": len(args.seed_list), "final_eval_questions": args.final_eval, "grid_kind": args.grid,
+               "sampled_questions": args.sampled_eval, "sampled_samples": args.samples,
                "held_out": "test split of an unseen world (data.eval_fact_seed)"}
     skip = done_runs(args.skip_from)
     runs: dict[str, list[dict[str, Any]]] = {p["label"]: [] for p in points}

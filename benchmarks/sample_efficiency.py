@@ -50,6 +50,8 @@ from typing import Any
 
 from common import (
     BENCH_SETTING,
+    CREDIT_SETTING,
+    LOOKALIKE_SETTING,
     LEARNABLE_SETTING,
     RESULTS,
     add_config_args,
@@ -64,12 +66,17 @@ from common import (
     std,
     write_json,
 )
+from protocol import COLLAPSE_RULE, collapsed, paired_bootstrap, paired_deltas
 
 METHODS = ("grpo", "dapo", "gigpo", "gspo", "tree_grpo", "trace_alloc", "trace_credit", "trace")
 """The method presets a sweep runs by default (issue 13: all of them, the same budget)."""
 ABLATIONS = ("trace_alloc_uu", "trace_alloc_ul", "trace_alloc_lu")
 """The allocation 2x2's other arms (roots then prefixes, uniform or learned; ``trace_alloc`` is l+l):
 ``--methods`` takes them, the default sweep does not run them."""
+OPTIONS = ("trace_alloc_floor", "trace_alloc_coverage", "trace_alloc_explore", "trace_alloc_rootstage1",
+           "trace_credit_k1", "trace_credit_gated", "trace_credit_gated_k1", "trace_credit_gated_turn",
+           "trace_credit_clip", "trace_credit_once")
+"""The options beside the papers' forms (docs/TRACE.md sections 2-3, departures): ``--methods`` takes them."""
 BASE = ["rollout.budget=64", "rollout.pool_size=16", "rollout.schemes.group_size=8", "eval.every=10",
         "eval.size=100", "log.checkpoint_every=1000000", "log.rollouts=false"]
 SLOWER = ("optim.lr=3e-4",)
@@ -80,6 +87,8 @@ method reached its plateau within 20-40 steps; that sweep is ``sample_efficiency
 SETTINGS: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "bench": (BENCH_SETTING, ("eval.every=20",)),
     "demo": (LEARNABLE_SETTING, SLOWER),
+    "credit": (CREDIT_SETTING, ("eval.every=20",)),
+    "lookalike": (LOOKALIKE_SETTING, ("eval.every=20",)),
 }
 """``--setting``: the named setting and the tail applied after it."""
 QUICK = ["rollout.budget=16", "rollout.pool_size=8", "rollout.schemes.group_size=4", "rollout.schemes.tree_initial=2",
@@ -89,21 +98,25 @@ QUICK = ["rollout.budget=16", "rollout.pool_size=8", "rollout.schemes.group_size
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="1 seed x 4 steps, budget 16, 32 eval questions.")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS + ABLATIONS)
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS + ABLATIONS + OPTIONS)
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed-list", type=int, nargs="+", help="Run these seeds instead of 0..--seeds-1 (a shard).")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--merge", type=Path, nargs="+", metavar="SHARD.json",
                    help="Summarise the runs of these shard files (same setting) into --out; trains nothing.")
     p.add_argument("--final-eval", type=int, default=200, help="Questions per split in the final evaluation.")
+    p.add_argument("--sampled-eval", type=int, default=300,
+                   help="Unseen-world questions of the sampled endpoint (before training and at the end; 0: off).")
+    p.add_argument("--samples", type=int, default=4, help="Samples per question of the sampled endpoint.")
     p.add_argument("--setting", choices=sorted(SETTINGS), default="bench",
                    help="bench: common.BENCH_SETTING (issue 13's testbed); demo: the demo's setting at lr 3e-4 "
-                        "(the sweep of sample_efficiency.json before issue 13).")
+                        "(the sweep of sample_efficiency.json before issue 13); credit: common.CREDIT_SETTING "
+                        "(2-3 hops, 8 turns); lookalike: common.LOOKALIKE_SETTING (credit with look-alike names).")
     p.add_argument("--out", type=Path, default=RESULTS / "sample_efficiency.json")
     add_config_args(p)
     args = p.parse_args()
     if args.quick:
-        args.seeds, args.steps, args.final_eval = 1, 4, 32
+        args.seeds, args.steps, args.final_eval, args.sampled_eval, args.samples = 1, 4, 32, 16, 2
     args.seed_list = args.seed_list if args.seed_list is not None else list(range(args.seeds))
     return args
 
@@ -124,6 +137,7 @@ def run_one(preset: str, seed: int, overrides: list[str], args: argparse.Namespa
     trainer = Trainer(config, fresh_dir(args.work_dir / f"{preset}-seed{seed}"))
     if seed not in base:  # same initial model, same eval sample at step 0 for every preset of a seed
         base[seed] = trainer.evaluate(trainer.data.held_out)
+        base[seed]["sampled"] = sampled_success(trainer, seed, args)
     clock = time.perf_counter()
     records = trainer.run()
     seconds = time.perf_counter() - clock
@@ -134,6 +148,7 @@ def run_one(preset: str, seed: int, overrides: list[str], args: argparse.Namespa
     finals = {name: metrics[name][f"{name}_accuracy"] if name in metrics else None for name in splits}
     finals_by_hops = {name: by_hops(m, f"{name}_accuracy_hops") for name, m in metrics.items()}
     trainer.config.eval.size = size
+    sampled = sampled_success(trainer, seed, args)
     curve = [{"step": 0, "rollouts": 0, "generated_tokens": 0, "accuracy": base[seed]["eval_accuracy"],
               "accuracy_by_hops": by_hops(base[seed], "eval_accuracy_hops")}]
     curve += [{"step": r["step"], "rollouts": r["total_rollouts"], "generated_tokens": r["total_generated_tokens"],
@@ -150,7 +165,33 @@ def run_one(preset: str, seed: int, overrides: list[str], args: argparse.Namespa
         "effective_ratio": [r["effective_ratio"] for r in records],
         "reward_mean": [r["reward_mean"] for r in records],
         "step_seconds": [r["step_seconds"] for r in records],
+        "sampled": sampled, "sampled_base": base[seed]["sampled"],
+        "hop_share": {k[len("stratum_share_hops"):]: mean([r.get(k) for r in records])
+                      for k in sorted({k for r in records for k in r if k.startswith("stratum_share_hops")})},
     }
+
+
+def sampled_success(trainer: Any, seed: int, args: argparse.Namespace) -> dict[str, float] | None:
+    """Success over ``--samples`` episodes per question at the rollout temperature, on the first
+    ``--sampled-eval`` unseen-world questions, overall (``all``) and per hop count; the generator
+    seed depends on the run seed only, so every arm of a seed draws from the same stream."""
+    import torch
+
+    from tracerl.rollout.evaluate import evaluate
+
+    tasks = trainer.data.held_out[: args.sampled_eval]
+    if not tasks or args.sampled_eval <= 0:
+        return None
+    trainer.model.eval()
+    generator = torch.Generator().manual_seed(104729 + seed)
+    executor = trainer.executor  # the local executor: its training engine samples at the rollout temperature
+    with trainer._compute():
+        report = evaluate(executor.engine, tasks, samples=args.samples, generator=generator)
+    executor.clear_prefix_cache()  # as the executor's own evaluation: its KV must not serve training,
+    take = getattr(executor.engine.env, "take_tool_stats", None)  # nor its tool calls count in a step
+    if callable(take):
+        take()
+    return {"all": report.metrics["em"], **by_hops(report.metrics, "em_hops")}
 
 
 def by_hops(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
@@ -215,10 +256,41 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "total_rollouts_mean": curves[name][-1]["rollouts"],
             "step_seconds_mean": mean([s for r in rs for s in r["step_seconds"]]),
             "seeds": len(rs),
+            **protocol_summary(rs, grpo),
         }
+    if grpo:
+        for m in methods.values():
+            eff = methods["grpo"]["effective_ratio_mean"]
+            m["effective_ratio_vs_grpo"] = m["effective_ratio_mean"] / eff if eff else None
     first = curves[next(iter(curves))][0]
     return {"methods": methods, "grpo_final_accuracy": target, "grpo_total_tokens": grpo_tokens, "curves": curves,
             "base_accuracy": first["accuracy"], "base_accuracy_by_hops": first.get("accuracy_by_hops", {})}
+
+
+def protocol_summary(rs: list[dict[str, Any]], grpo: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Issue 25's fields of one arm: sampled success per hop, hop share, collapses, paired intervals."""
+    sampled = [r["sampled"] for r in rs if r.get("sampled")]
+    if not sampled:
+        return {}
+    keys = sorted({k for s in sampled for k in s}, key=lambda k: (k != "all", k))
+    out: dict[str, Any] = {
+        "sampled_by_hops": {k: {"mean": mean([s.get(k) for s in sampled]), "std": std([s.get(k) for s in sampled]),
+                                "seeds": len(sampled)} for k in keys},
+        "hop_share_mean": {h: mean([r.get("hop_share", {}).get(h) for r in rs])
+                           for h in sorted({h for r in rs for h in r.get("hop_share", {})}, key=int)},
+        "collapses": sum(collapsed(r) for r in rs),
+        "collapse_rule": COLLAPSE_RULE,
+    }
+    if grpo:
+        paired = {f"sampled_{k}": paired_bootstrap(paired_deltas(rs, grpo, lambda r, k=k: (r.get("sampled") or {}).get(k)))
+                  for k in keys}
+        paired["greedy_all"] = paired_bootstrap(paired_deltas(rs, grpo, lambda r: r["final"]["unseen"]))
+        for h in keys[1:]:
+            paired[f"greedy_{h}"] = paired_bootstrap(paired_deltas(
+                rs, grpo, lambda r, h=h: r.get("final_by_hops", {}).get("unseen", {}).get(h)))
+        paired["effective_ratio"] = paired_bootstrap(paired_deltas(rs, grpo, lambda r: mean(r["effective_ratio"])))
+        out["paired_vs_grpo"] = paired
+    return out
 
 
 def plot(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], out: Path) -> Path:
@@ -264,10 +336,15 @@ def merge_shards(paths: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], di
     for path, shard in zip(paths[1:], shards[1:]):
         if same(shard) != same(shards[0]):
             raise SystemExit(f"{path}: its setting differs from {paths[0]}'s; shards must share one setting")
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS + ABLATIONS}
-    for shard in shards:
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS + ABLATIONS + OPTIONS}
+    for path, shard in zip(paths, shards):
         for method, rs in shard["runs"].items():
-            runs[method] += rs
+            for run in rs:  # a method's run of one seed held by two shards (grpo beside each arm) counts once
+                twin = next((r for r in runs[method] if r["seed"] == run["seed"]), None)
+                if twin is None:
+                    runs[method].append(run)
+                elif (twin["final"], twin.get("sampled")) != (run["final"], run.get("sampled")):
+                    raise SystemExit(f"{path}: {method} seed {run['seed']} differs from the run another shard holds")
     runs = {m: sorted(rs, key=lambda r: r["seed"]) for m, rs in runs.items() if rs}
     seconds = sum(shard["seconds"] for shard in shards)
     setting = {**shards[0]["setting"], "seeds": max(len(rs) for rs in runs.values())}
@@ -293,6 +370,7 @@ def main() -> None:
         setting = {"overrides": overrides, "smoke": args.smoke, "hard": args.hard, "name": args.setting,
                    **describe_config(resolve("grpo", overrides, args.smoke)),
                    "steps": args.steps, "seeds": len(args.seed_list), "final_eval_questions": args.final_eval,
+                   "sampled_questions": args.sampled_eval, "sampled_samples": args.samples,
                    "held_out": "test split of an unseen world (data.eval_fact_seed)",
                    "train_split": "training questions of the training worlds (seen)",
                    "redrawn_split": "training questions, facts re-drawn (data.redrawn_fact_seed)"}

@@ -99,7 +99,7 @@ def test_sweep_skips_done_and_claimed_jobs_and_saves_after_each_run(tmp_path: Pa
     assert cs.claim(claims, K1, 2)  # another queue holds this job
     args = argparse.Namespace(threads=1, smoke=True, quick=True, hard=False, setting="bench", overrides=[],
                               dev_model=False, steps=3, final_eval=4, grid="cross", seed_list=[1, 2], skip_from=[done],
-                              claim_dir=claims, work_dir=tmp_path / "work")
+                              claim_dir=claims, work_dir=tmp_path / "work", sampled_eval=0, samples=1)
     saves: list[int] = []
     runs, setting = cs.sweep(args, points, lambda runs, setting: saves.append(sum(map(len, runs.values()))))
     assert trained == [("algo.advantage.horizon=1", 1), ("algo.advantage.horizon=3", 2)]

@@ -37,9 +37,11 @@ from tracerl.allocation.features import (
     success_leaves_below,
 )
 from tracerl.allocation.predictor_net import StateHead, build_model
+from tracerl.allocation.root_targets import root_rollout_rewards
 from tracerl.core.types import RolloutTree
 
 FEATURE_SETS: tuple[str, ...] = ("handcrafted", "hidden", "both")
+ROOT_TARGETS: tuple[str, ...] = ("backup", "stage1")
 
 
 @dataclass
@@ -70,6 +72,10 @@ class PredictorConfig:
     already runs, scaled by ``1/sqrt(H)``, plus a presence flag) or ``both``; the state enters
     through a centred linear head added to the features' MLP (``predictor_net.StateHead``).
     ``hidden``/``both`` need the HF backend (vLLM does not return hidden states)."""
+    root_targets: str = "backup"
+    """The root's target: ``backup`` (the spec's visit-weighted mean of all leaves) or ``stage1``
+    (the mean reward of the rollouts that started at the root, weighted by their number: an
+    unbiased sample of the prompt's success rate; see ``allocation/root_targets.py``)."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -89,6 +95,9 @@ class PredictorConfig:
             raise ValueError(f"PredictorConfig.train_nodes must be 'all' or 'boundaries', got {self.train_nodes!r}")
         if self.features not in FEATURE_SETS:
             raise ValueError(f"PredictorConfig.features must be one of {', '.join(FEATURE_SETS)}, got {self.features!r}")
+        if self.root_targets not in ROOT_TARGETS:
+            raise ValueError(f"PredictorConfig.root_targets must be one of {', '.join(ROOT_TARGETS)}, "
+                             f"got {self.root_targets!r}")
         if not (isinstance(self.readiness_eps, (int, float)) and self.readiness_eps > 0):
             raise ValueError(f"PredictorConfig.readiness_eps must be > 0, got {self.readiness_eps!r}")
 
@@ -254,9 +263,15 @@ class SuccessPredictor:
         for tree in trees:
             tree.backup()
             n_win, n_loss = success_leaves_below(tree)
+            root = root_rollout_rewards(tree) if self.config.root_targets == "stage1" else None
             for node in tree.nodes:
                 if node.visits <= 0 or node.value_target is None:
                     continue
+                target, visits = node.value_target, float(node.visits)
+                if root is not None and node.id == 0:
+                    if not root:
+                        continue
+                    target, visits = sum(root) / len(root), float(len(root))
                 if self.config.train_nodes == "boundaries" and not node.is_boundary:
                     continue
                 if not 0.0 <= node.value_target <= 1.0:
@@ -266,8 +281,8 @@ class SuccessPredictor:
                     )
                 sel_trees.append(tree)
                 sel_ids.append(node.id)
-                targets.append(node.value_target)
-                weights.append(float(node.visits))
+                targets.append(target)
+                weights.append(visits)
                 wins.append(n_win[node.id])
                 losses.append(n_loss[node.id])
         y = torch.tensor(targets, dtype=torch.float32)

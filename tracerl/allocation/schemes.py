@@ -59,6 +59,10 @@ TRACE_ARMS = ("learned", "uniform")
 """Values of ``trace_roots`` / ``trace_prefixes``: predictor-driven or uniform (the 2x2 ablation)."""
 
 
+TRACE_ROOT_MODES = ("select", "coverage")
+"""Values of ``trace_root_mode``: the paper's stage 1 choosing among the pool, or coverage."""
+
+
 def _int_at_least(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"SchemeConfig.{name} must be an integer >= {minimum}, got {value!r}")
@@ -102,6 +106,16 @@ class SchemeConfig:
     """trace stage 2: ``learned`` (allocate_prefixes on the predictor's anchor values) or
     ``uniform`` (the same budget on anchors drawn uniformly at random, seeded by the step, one
     continuation each in turn up to ``trace_max_per_anchor``): the prefixes arm of the 2x2."""
+    trace_floor_per_prompt: int = 0
+    """trace stage 1: the spec's ``m_min``, rollouts every candidate gets (0: a prompt may be
+    skipped, the paper's default); docs/TRACE.md section 3."""
+    trace_root_mode: str = "select"
+    """trace stage 1: ``select`` (the paper's: choose among the pool) or ``coverage`` (the candidates
+    are the prompts chain would train, each gets at least ``max(2, trace_floor_per_prompt)``;
+    stage 1 decides how many, not which)."""
+    trace_explore_fraction: float = 0.0
+    """trace stage 1: share of its rollouts spent on prompts drawn uniformly from the candidates
+    (groups of the selected minimum), the rest allocated as usual (0: the paper's)."""
 
     def __post_init__(self) -> None:
         for name, minimum in (
@@ -118,6 +132,13 @@ class SchemeConfig:
         for name in ("trace_roots", "trace_prefixes"):
             if getattr(self, name) not in TRACE_ARMS:
                 raise ValueError(f"SchemeConfig.{name} must be one of {', '.join(TRACE_ARMS)}, got {getattr(self, name)!r}")
+        _int_at_least("trace_floor_per_prompt", self.trace_floor_per_prompt, 0)
+        if self.trace_root_mode not in TRACE_ROOT_MODES:
+            raise ValueError(f"SchemeConfig.trace_root_mode must be one of {', '.join(TRACE_ROOT_MODES)}, "
+                             f"got {self.trace_root_mode!r}")
+        share = self.trace_explore_fraction
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share < 1.0:
+            raise ValueError(f"SchemeConfig.trace_explore_fraction must lie in [0, 1), got {share!r}")
         frac = self.trace_stage1_fraction
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 < frac <= 1.0:
             raise ValueError(f"SchemeConfig.trace_stage1_fraction must lie in (0, 1], got {frac!r}")

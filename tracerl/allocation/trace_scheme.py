@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tracerl.core.allocation import allocate_prefixes, allocate_roots, root_value
+from tracerl.core.allocation import allocate_prefixes, allocate_roots, exploration_prompts, root_value
 from tracerl.core.types import RolloutTree, Task
 from tracerl.core.seeds import derive_seed
 from tracerl.allocation.schemes import (
@@ -84,6 +84,8 @@ class TraceScheme:
         cfg = self.config
         _check_budget(budget)
         cands = list(pool[: cfg.trace_candidates or len(pool)])
+        if cfg.trace_root_mode == "coverage":  # the prompts chain would train, in its order
+            cands = list(pool[: budget // cfg.group_size])
         if not cands:
             raise ValueError("trace: the prompt pool is empty")
         session = as_session(target, generator, seed)
@@ -91,11 +93,13 @@ class TraceScheme:
         clock = time.perf_counter()
         states = session.prompt_states(cands) if learned and self._needs_states else None
         state_seconds = time.perf_counter() - clock  # the one extra forward: the candidates' prefill
-        values, counts = self.plan_stage1(session.prompt_ids(cands) if learned else [], cands, budget, states)
+        values, counts = self.plan_stage1(session.prompt_ids(cands) if learned else [], cands, budget, states,
+                                          seed=derive_seed(session.seed, "trace_explore"))
         chosen = [i for i, c in enumerate(counts) if c > 0]
         trees, cost = session.start([cands[i] for i in chosen], [counts[i] for i in chosen], _tree_ids(chosen, cands))
         self._score(session, trees)
-        info = {"stage1_prompts": float(len(chosen)), "stage1_rollouts": float(cost.rollouts)}
+        info = {"stage1_prompts": float(len(chosen)), "stage1_rollouts": float(cost.rollouts),
+                "explore_prompts": float(len(self._explored(len(cands), budget, derive_seed(session.seed, "trace_explore"))))}
         if states is not None:
             info["prompt_state_seconds"] = state_seconds
         info["anchors"], info["stage2_rollouts"] = 0.0, 0.0
@@ -129,12 +133,56 @@ class TraceScheme:
 
     def plan_stage1(
         self, prompt_ids: Sequence[Sequence[int]], cands: Sequence[Task], budget: int,
-        states: Sequence[list[float] | None] | None = None,
+        states: Sequence[list[float] | None] | None = None, seed: int = 0,
     ) -> tuple[list[float], list[int]]:
         """Root values and stage-1 rollout counts per candidate (``prompt_ids`` and ``states``, the
-        prompts' hidden states, are unused without a predictor or with uniform roots)."""
+        prompts' hidden states, are unused without a predictor or with uniform roots; ``seed``
+        draws the exploration prompts of ``trace_explore_fraction``)."""
         values = self._root_values(prompt_ids, cands, states)
-        return values, self._root_counts(values, self._stage1_budget(budget, len(cands)))
+        stage1 = self._stage1_budget(budget, len(cands))
+        if self.config.trace_root_mode == "coverage":
+            return values, self._coverage_counts(values, stage1)
+        explored = self._explored(len(cands), budget, seed)
+        counts = [0] * len(cands)
+        group = max(self.config.min_per_prompt, self.config.trace_floor_per_prompt)
+        for i in explored:
+            counts[i] = group
+        rest = [i for i in range(len(cands)) if i not in set(explored)]
+        left = stage1 - group * len(explored)
+        if rest and (left >= self.config.min_per_prompt or self.config.trace_floor_per_prompt > 0):
+            for i, c in zip(rest, self._root_counts([values[i] for i in rest], left)):
+                counts[i] = c
+        return values, counts
+
+    def _explored(self, candidates: int, budget: int, seed: int) -> list[int]:
+        """Candidates stage 1 gives to exploration (none unless ``trace_explore_fraction`` > 0)."""
+        cfg = self.config
+        if cfg.trace_explore_fraction <= 0 or cfg.trace_root_mode == "coverage":
+            return []
+        stage1 = self._stage1_budget(budget, candidates)
+        group = max(cfg.min_per_prompt, cfg.trace_floor_per_prompt)
+        return exploration_prompts(candidates, round(cfg.trace_explore_fraction * stage1), group, seed)
+
+    def _coverage_counts(self, values: Sequence[float], stage1: int) -> list[int]:
+        """Coverage: every candidate gets ``max(2, trace_floor_per_prompt)`` or more; an uninformative
+        predictor spreads ``stage1`` evenly, else :func:`allocate_roots` places the rest exactly."""
+        cfg = self.config
+        floor, n = max(2, cfg.trace_floor_per_prompt), len(values)
+        if stage1 < n * floor:
+            raise ValueError(f"trace coverage: stage 1's {stage1} rollouts cannot give each of the {n} prompts "
+                             f"chain trains at least {floor}")
+        if max(values) - min(values) <= 1e-9:
+            base, extra = divmod(stage1, n)
+            cap = cfg.trace_max_per_prompt
+            if cap is None or base + (extra > 0) <= cap:
+                return [base + 1] * extra + [base] * (n - extra)
+        for spend in range(stage1, n * floor - 1, -1):  # a cap may leave some of stage 1 to stage 2
+            try:
+                return allocate_roots(values, spend, min_per_prompt=floor, max_per_prompt=cfg.trace_max_per_prompt,
+                                      floor_per_prompt=floor)
+            except ValueError:
+                continue
+        raise ValueError(f"trace coverage: no stage-1 allocation of at most {stage1} rollouts fits the per-prompt bounds")
 
     def plan_stage2(
         self, trees: Sequence[RolloutTree], since: Sequence[int], spend: int, seed: int = 0
@@ -184,8 +232,9 @@ class TraceScheme:
         (Only odd corners need less, e.g. ``min == max == 2`` and an odd ``stage1``; the rest then
         goes to stage 2.)
         """
-        constant = max(values) - min(values) <= 1e-9
-        for spend in range(stage1, self.config.min_per_prompt - 1, -1):
+        floor = self.config.trace_floor_per_prompt
+        constant = max(values) - min(values) <= 1e-9 and floor == 0  # a floor: the DP's tie-break spreads
+        for spend in range(stage1, self.config.min_per_prompt - 1 if floor == 0 else -1, -1):
             counts = self._uniform_counts(len(values), spend) if constant else self._optimal_counts(values, spend)
             if counts is not None:
                 return counts
@@ -195,7 +244,8 @@ class TraceScheme:
         cfg = self.config
         try:
             return allocate_roots(
-                values, spend, min_per_prompt=cfg.min_per_prompt, max_per_prompt=cfg.trace_max_per_prompt
+                values, spend, min_per_prompt=cfg.min_per_prompt, max_per_prompt=cfg.trace_max_per_prompt,
+                floor_per_prompt=cfg.trace_floor_per_prompt,
             )
         except ValueError:
             return None

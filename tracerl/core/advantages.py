@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from tracerl.core.credit import VALUE_FORMS
+from tracerl.core.credit import CENTRE_MODES, FILL_FORMS, VALUE_FORMS
 from tracerl.core.registry import Registry
 from tracerl.core.types import RolloutTree, Trajectory
 
@@ -65,12 +65,26 @@ class AdvantageOptions:
     """TRACE weight of the outcome advantage."""
     w_turn: float = 0.2
     """TRACE weight of the turn credit."""
+    credit_centre: str = "none"
+    """TRACE turn term across a group: ``none`` (the paper's), ``gated`` (centred over the mixed
+    group's transitions, absent in all-same groups) or ``gated_turn`` (centred per group and turn
+    index); see :func:`tracerl.core.credit.centre_turn_terms`."""
+    credit_clip: float = 0.0
+    """TRACE clip ``|w_turn c_k| <= credit_clip`` after centring (0: no clip, the paper's)."""
+    credit_fill: str = "add"
+    """TRACE terminal fill: ``add`` (the paper's) or ``once`` (its ``A_out`` is taken out of the
+    outcome term, so the outcome counts once on every token; see ``FILL_FORMS``)."""
 
     def __post_init__(self) -> None:
         if self.std not in STD_MODES:
             raise ValueError(f"std must be one of {', '.join(STD_MODES)}; got {self.std!r}")
         if self.credit_value not in VALUE_FORMS:
             raise ValueError(f"credit_value must be one of {', '.join(VALUE_FORMS)}; got {self.credit_value!r}")
+        for name, allowed in (("credit_centre", CENTRE_MODES), ("credit_fill", FILL_FORMS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+        if not _is_number(self.credit_clip) or not math.isfinite(self.credit_clip) or self.credit_clip < 0:
+            raise ValueError(f"credit_clip must be a finite number >= 0 (0: no clip), got {self.credit_clip!r}")
         if isinstance(self.horizon, bool) or not isinstance(self.horizon, int) or self.horizon < 0:
             raise ValueError(f"horizon must be an integer >= 0, got {self.horizon!r}")
         for name in ("eps", "credit_eps"):

@@ -60,9 +60,10 @@ def prefix_value(q: float, k: int) -> float:
     return 1.0 - q**k
 
 
-def _root_options(budget: int, lo: int, hi: int) -> list[int]:
-    """Counts a prompt may get, most first (so the reconstruction prefers earlier prompts)."""
-    return list(range(min(hi, budget), lo - 1, -1)) + [0]
+def _root_options(budget: int, lo: int, hi: int, floor: int = 0) -> list[int]:
+    """Counts a prompt may get, most first (so the reconstruction prefers earlier prompts):
+    ``floor`` itself, or a selected prompt's ``[max(lo, floor), hi]``."""
+    return [m for m in range(min(hi, budget), max(lo, floor) - 1, -1)] + ([floor] if floor < lo else [])
 
 
 def allocate_roots(
@@ -71,11 +72,13 @@ def allocate_roots(
     *,
     min_per_prompt: int = 2,
     max_per_prompt: int | None = None,
+    floor_per_prompt: int = 0,
 ) -> list[int]:
     """Stage-1 rollouts per prompt: exact maximiser of ``sum_i root_value(v_i, m_i)``.
 
-    Each count is 0 or in ``[min_per_prompt, max_per_prompt]`` (no upper cap when None) and
-    the counts sum to ``budget`` exactly. Dynamic programme over (prompt, budget left):
+    Each count is ``floor_per_prompt`` (the spec's ``m_min``, default 0: a prompt may be skipped)
+    or in ``[max(min_per_prompt, floor), max_per_prompt]`` (no upper cap when None) and the
+    counts sum to ``budget`` exactly. Dynamic programme over (prompt, budget left):
     ``O(n * budget * options)`` with the budget axis vectorised.
 
     Tie-break (deterministic): among allocations within ``1e-12`` of the optimum, the
@@ -93,8 +96,11 @@ def allocate_roots(
     hi = budget if max_per_prompt is None else _check_count("max_per_prompt", max_per_prompt, 1)
     if max_per_prompt is not None and hi < lo:
         raise ValueError(f"max_per_prompt ({hi}) must be >= min_per_prompt ({lo})")
+    floor = _check_count("floor_per_prompt", floor_per_prompt, 0)
+    if max_per_prompt is not None and hi < floor:
+        raise ValueError(f"max_per_prompt ({hi}) must be >= floor_per_prompt ({floor})")
     n = len(probs)
-    options = _root_options(budget, lo, hi)
+    options = _root_options(budget, lo, hi, floor)
     gains = [[root_value(p, m) for m in options] for p in probs]
     # best[i][b]: best value of prompts i..n-1 spending exactly b (-inf when impossible).
     best = np.full((n + 1, budget + 1), -np.inf)
@@ -105,7 +111,7 @@ def allocate_roots(
             np.maximum(best[i, m:], cand, out=best[i, m:])
     if not np.isfinite(best[0, budget]):
         raise ValueError(
-            f"no allocation of budget {budget} over {n} prompts with counts 0 or in "
+            f"no allocation of budget {budget} over {n} prompts with counts {floor} or in "
             f"[{lo}, {max_per_prompt if max_per_prompt is not None else 'budget'}]"
         )
     counts, left = [], budget
@@ -118,6 +124,21 @@ def allocate_roots(
                 left -= m
                 break
     return counts
+
+
+def exploration_prompts(candidates: int, rollouts: int, group: int, seed: int) -> list[int]:
+    """Indices of the prompts stage 1 explores: ``min(candidates, rollouts // group)`` drawn
+    uniformly without replacement (seeded), sorted; each is given ``group`` rollouts.
+
+    Why: stage 1's predictor is trained only on the prompts it chose, so a prompt class it
+    over- or under-estimates is never corrected; rollouts on uniformly drawn prompts give it an
+    unbiased sample of the pool (the exploration share of ``trace_explore_fraction``).
+    """
+    candidates = _check_count("candidates", candidates, 0)
+    group = _check_count("group", group, 1)
+    n = min(candidates, _check_count("rollouts", rollouts, 0) // group)
+    rng = np.random.default_rng(seed)
+    return sorted(int(i) for i in rng.choice(candidates, size=n, replace=False)) if n else []
 
 
 def allocate_prefixes(

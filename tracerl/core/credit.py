@@ -20,6 +20,9 @@ scores into one credit per transition:
   discounted K-step window truncated at the end of the trajectory, plus a terminal fill of
   ``kappa * g^(T-k) * A_out`` on the transitions whose window reaches the last transition.
 
+Options beside the paper's form (docs/TRACE.md section 2, departures): :func:`centre_turn_terms`
+(gated centring within mixed groups, optionally per turn index) and :func:`clip_turn_terms`.
+
 Bad scores are errors, never clamps: a positive log-probability or a NaN means the scorer is
 broken, and clamping would hide that inside a plausible-looking credit.
 """
@@ -213,9 +216,74 @@ def td_turn_credit(
         used = j.unsqueeze(0) <= h.unsqueeze(1)  # [T, K]
         w = torch.where(used, weights.unsqueeze(0), torch.zeros((), dtype=torch.float64))
         credit = (w * windows).sum(dim=1) / w.sum(dim=1)
-    k = torch.arange(num)
-    reaches_end = (k + h) == num - 1
-    g = torch.tensor(gamma, dtype=torch.float64)
-    fill = terminal_scale * g ** (num - k) * outcome_advantage
-    credit = credit + torch.where(reaches_end, fill, torch.zeros((), dtype=torch.float64))
+    credit = credit + fill_coefficients(num, horizon, gamma, terminal_scale) * outcome_advantage
     return credit.to(_out_dtype(values))
+
+
+def fill_coefficients(num_transitions: int, horizon: int, gamma: float, terminal_scale: float) -> Tensor:
+    """``[T]`` float64 coefficient of ``A_out`` in ``c_k``: ``kappa * g^(T-k)`` where the window reaches
+    the last transition (``k + h_k == T-1``), else 0 (spec section 2 step 5)."""
+    k = torch.arange(num_transitions)
+    reaches_end = (k + window_lengths(num_transitions, horizon)) == num_transitions - 1
+    g = torch.tensor(float(gamma), dtype=torch.float64)
+    fill = float(terminal_scale) * g ** (num_transitions - k)
+    return torch.where(reaches_end, fill, torch.zeros((), dtype=torch.float64))
+
+
+CENTRE_MODES = ("none", "gated", "gated_turn")
+"""Forms of the turn term across a group (``algo.advantage.credit_centre``): ``none`` is the paper's
+(uncentred, present in every group); ``gated`` centres it over the transitions of each mixed group
+and drops it in all-same groups; ``gated_turn`` centres per (group, turn index) instead."""
+
+FILL_FORMS = ("add", "once")
+"""How the terminal fill meets the outcome term (``algo.advantage.credit_fill``): ``add`` (the
+paper's: the fill adds ``kappa g^(T-k) A_out`` on top of ``w_out A_out``) or ``once`` (the fill's
+``A_out`` is taken out of the outcome term, so every token's total ``A_out`` weight is ``w_out``)."""
+
+
+def centre_turn_terms(
+    terms: list[Tensor], groups: list[object], mixed: list[bool], mode: str = "gated"
+) -> list[Tensor]:
+    """Turn terms (one ``[T_i]`` tensor per trajectory) centred within their group.
+
+    ``mode`` (:data:`CENTRE_MODES`): ``none`` returns them unchanged; ``gated`` subtracts the mean
+    over every transition of the trajectories of the same group (``groups[i]``) when
+    ``mixed[i]`` (the group holds a success and a failure), and zeroes them otherwise, so an
+    all-same group, where the outcome advantage is 0, gets no gradient at all; ``gated_turn``
+    subtracts the mean over the transitions with the same turn index k in the group (A^2TGPO's
+    per-turn normalisation, mean only). Centred terms sum to 0 per group (per group and k).
+    Why gated: centring every group also centres all-fail groups, whose contrast is between
+    searches of equally failed episodes; ungated it collapsed one of two 100-step runs.
+
+    Returns float64 tensors of the same shapes.
+    """
+    if mode not in CENTRE_MODES:
+        raise ValueError(f"credit centre mode must be one of {', '.join(CENTRE_MODES)}; got {mode!r}")
+    if not len(terms) == len(groups) == len(mixed):
+        raise ValueError(f"terms ({len(terms)}), groups ({len(groups)}) and mixed ({len(mixed)}) must match")
+    out = [t.detach().to(torch.float64).clone() for t in terms]
+    if mode == "none":
+        return out
+    sums: dict[object, list[float]] = {}
+    for t, g, m in zip(out, groups, mixed):
+        if m:
+            for k, value in enumerate(t.tolist()):
+                acc = sums.setdefault((g, k) if mode == "gated_turn" else g, [0.0, 0.0])
+                acc[0] += value
+                acc[1] += 1.0
+    for t, g, m in zip(out, groups, mixed):
+        if not m:
+            t.zero_()
+            continue
+        for k in range(t.numel()):
+            total, count = sums[(g, k) if mode == "gated_turn" else g]
+            t[k] -= total / count
+    return out
+
+
+def clip_turn_terms(terms: list[Tensor], c_max: float) -> list[Tensor]:
+    """``clamp(w_turn c_k, -c_max, c_max)`` per entry; ``c_max = 0`` means no clip (the paper's)."""
+    c = _as_float("c_max", c_max)
+    if not math.isfinite(c) or c < 0:
+        raise ValueError(f"c_max must be a finite number >= 0, got {c_max!r}")
+    return [t.clamp(-c, c) if c > 0 else t for t in terms]

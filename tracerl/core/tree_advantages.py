@@ -14,6 +14,7 @@ Imported by :mod:`tracerl.core.advantages` at its end; import estimators from th
 from __future__ import annotations
 
 from collections.abc import Hashable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -29,7 +30,13 @@ from tracerl.core.advantages import (
     group_outcome_advantage,
     register_estimator,
 )
-from tracerl.core.credit import prefix_values, td_turn_credit
+from tracerl.core.credit import (
+    centre_turn_terms,
+    clip_turn_terms,
+    fill_coefficients,
+    prefix_values,
+    td_turn_credit,
+)
 from tracerl.core.types import Trajectory
 
 
@@ -149,21 +156,94 @@ def trajectory_turn_credit(
         raise ValueError(f"trajectory {traj.task_id!r} (group {traj.group_id!r}): {err}") from err
 
 
+@dataclass
+class CreditParts:
+    """The two terms of ``trace_credit`` per trajectory, per turn (``[n_turns]`` float64 each).
+
+    ``outcome``: ``w_out`` x the tree-aware outcome advantage (less the fill's share with
+    ``credit_fill = once``); ``turn``: ``w_turn c_k`` on transitions, shaped (centred, clipped);
+    ``raw_turn``: the paper's unshaped ``w_turn c_k``; ``mixed``: whether the trajectory's group
+    holds a success and a failure (its outcome advantage can be nonzero).
+    """
+
+    outcome: list[Tensor]
+    turn: list[Tensor]
+    raw_turn: list[Tensor]
+    mixed: list[bool]
+
+
+def _group_mixed(batch: AdvantageBatch, group_adv: Tensor) -> list[bool]:
+    """Per trajectory: its group's outcome advantage is nonzero somewhere (rewards differ by at
+    least the std ``eps``), i.e. the group is not all-same; infra-failed rows are never mixed."""
+    signal: dict[str, bool] = {}
+    for t, a in zip(batch.trajectories, group_adv.tolist()):
+        signal[t.group_id] = signal.get(t.group_id, False) or (not t.infra_failed and a != 0.0)
+    return [signal[t.group_id] and not t.infra_failed for t in batch.trajectories]
+
+
+def trace_credit_parts(batch: AdvantageBatch, options: AdvantageOptions) -> CreditParts:
+    """Both terms of ``trace_credit`` (see :class:`CreditParts`), shaped by the credit options."""
+    per_turn, group_adv = tree_outcome_turn_advantages(batch, options)
+    outcome, raw, transitions, fills = [], [], [], []
+    for i, traj in enumerate(batch.trajectories):
+        n = len(traj.turns)
+        term, fill = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+        transition = torch.tensor([t.is_transition for t in traj.turns], dtype=torch.bool)
+        if not traj.infra_failed:
+            credit = trajectory_turn_credit(traj, float(group_adv[i]), options)
+            term[transition] = options.w_turn * credit.to(torch.float64)
+            coef = fill_coefficients(traj.num_transitions, options.horizon, options.gamma_td, options.terminal_scale)
+            fill[transition] = options.w_turn * coef * float(group_adv[i])
+        values = options.w_out * per_turn[i]
+        outcome.append(values - fill if options.credit_fill == "once" else values)
+        raw.append(term)
+        transitions.append(transition)
+    mixed = _group_mixed(batch, group_adv)
+    dense = [r[m] for r, m in zip(raw, transitions)]  # centring runs over transitions only
+    groups = [t.group_id for t in batch.trajectories]
+    shaped = clip_turn_terms(centre_turn_terms(dense, groups, mixed, options.credit_centre), options.credit_clip)
+    turn = []
+    for r, m, d in zip(raw, transitions, shaped):
+        full = torch.zeros_like(r)
+        full[m] = d
+        turn.append(full)
+    return CreditParts(outcome, turn, raw, mixed)
+
+
 @register_estimator("trace_credit", needs_readiness=True)
 def trace_credit(batch: AdvantageBatch, options: AdvantageOptions) -> list[Tensor]:
     """``w_out`` x tree-aware outcome advantage + ``w_turn`` x ``c_k`` on transition k's
     assistant span (spec section 2 step 7, section 3 "with credit on"). ``A_out`` in the
     terminal fill is the leaf's group GRPO advantage; the answer turn gets no turn term.
-    Infra-failed trajectories need no readiness (they get zeros)."""
-    per_turn, group_adv = tree_outcome_turn_advantages(batch, options)
-    out = []
-    for i, traj in enumerate(batch.trajectories):
-        values = options.w_out * per_turn[i]
-        if not traj.infra_failed:
-            credit = trajectory_turn_credit(traj, float(group_adv[i]), options)
-            transition = torch.tensor([t.is_transition for t in traj.turns], dtype=torch.bool)
-            turn_term = torch.zeros(len(traj.turns), dtype=torch.float64)
-            turn_term[transition] = credit.to(torch.float64)
-            values = values + options.w_turn * turn_term
-        out.append(_spread(traj, values))
-    return out
+    Infra-failed trajectories need no readiness (they get zeros). The options
+    ``credit_centre``, ``credit_clip`` and ``credit_fill`` shape the turn term
+    (:func:`trace_credit_parts`); their defaults are the paper's form."""
+    parts = trace_credit_parts(batch, options)
+    return [_spread(t, o + u) for t, o, u in zip(batch.trajectories, parts.outcome, parts.turn)]
+
+
+def credit_diagnostics(batch: AdvantageBatch, options: AdvantageOptions) -> dict[str, float]:
+    """Cheap per-step readings of the turn term (no model, arithmetic on the readiness already scored).
+
+    * ``credit_allsame_turn_mean`` / ``credit_allsame_turn_pos``: the paper's (unshaped) turn
+      term ``w_turn c_k`` over the transitions of all-same groups, its mean and share > 0 (there
+      it is the only gradient; NaN when the batch has no such transition);
+    * ``credit_turn_outcome_cos``: cosine between the per-token turn-term and outcome-term
+      vectors as trained (shaped), over the sampled tokens of the batch. A direction of the
+      advantages, not of the gradients: ``sum_t A_t grad log p_t`` weighs each token's score by
+      its advantage, so aligned advantage vectors push the same tokens the same way; NaN when
+      either vector is 0.
+    """
+    parts = trace_credit_parts(batch, options)
+    same = [v for r, m, t in zip(parts.raw_turn, parts.mixed, batch.trajectories) if not m and not t.infra_failed
+            for v, turn in zip(r.tolist(), t.turns) if turn.is_transition]
+    trajs = batch.trajectories
+    turn = torch.cat([_spread(t, u) for t, u in zip(trajs, parts.turn)] or [torch.zeros(0)]).double()
+    out = torch.cat([_spread(t, o) for t, o in zip(trajs, parts.outcome)] or [torch.zeros(0)]).double()
+    norm = float(turn.norm() * out.norm())
+    nan = float("nan")
+    return {
+        "credit_allsame_turn_mean": sum(same) / len(same) if same else nan,
+        "credit_allsame_turn_pos": sum(v > 0 for v in same) / len(same) if same else nan,
+        "credit_turn_outcome_cos": float(turn @ out) / norm if norm > 0 else nan,
+    }

@@ -201,22 +201,39 @@ def _score_crop(
     return torch.stack([scores[i] for i in range(len(cuts))])
 
 
-def answer_token_ids(tokenizer: Any, fmt: Any, answer: str) -> tuple[list[int], list[int]]:
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+"""Qwen3's empty think block (what its no-think mode writes before an answer): the text a thinking
+model's reference can be scored after (``algo.score_after_empty_think``), so the gold follows the
+markup such a model writes before ``<answer>`` instead of ``<answer>`` straight after the turn opens."""
+
+
+def answer_token_ids(tokenizer: Any, fmt: Any, answer: str, *, prefix: str = "") -> tuple[list[int], list[int]]:
     """``(opener_ids, answer_ids)`` tokenised exactly as the policy writes an answer action.
 
-    The format renders the answer action (e.g. ``Action: answer[Paris]``) and the text from the
-    opener on is tokenised in one piece; tokens overlapping the answer characters are the answer
-    tokens (a token that merges the answer with a closing bracket counts as an answer token), the
-    tokens before them are the opener.
+    The format renders the answer action (``Action: answer[Paris]``, ``<answer> Paris </answer>``);
+    the gold's character span is located inside it after the opener, and the text from the opener
+    on (after ``prefix``, e.g. :data:`EMPTY_THINK`) is tokenised in one piece. Tokens overlapping
+    the gold's characters are the answer tokens (a token that merges the gold with a separator
+    before it, ``' Beijing'`` in a byte-level BPE, or with a closing bracket after it counts as an
+    answer token); the tokens before them are the opener (a separator the tokenizer keeps apart
+    goes there). So the scored ids are the ids the policy samples when it writes that answer.
+
+    Raises:
+        ValueError: an empty gold, or a format whose rendered answer lacks its opener or the gold.
     """
     if not answer.strip():
         raise ValueError("the gold answer must be a non-empty string")
     opener = fmt.answer_opener
     rendered = fmt.render_action(Action(kind="answer", answer=answer))
-    start = rendered.find(opener + answer)
-    text = rendered[start:] if start >= 0 else opener + answer
+    start = rendered.find(opener) if opener else 0
+    at = rendered.find(answer, start + len(opener)) if start >= 0 else -1
+    if at < 0:
+        raise ValueError(f"format {getattr(fmt, 'name', fmt)!r}: its rendered answer {rendered!r} does not hold "
+                         f"the opener {opener!r} followed by the gold {answer!r}")
+    text = prefix + rendered[start:]
+    lo = len(prefix) + at - start
+    hi = lo + len(answer)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    lo, hi = len(opener), len(opener) + len(answer)
     answer_pos = [i for i, (s, e) in enumerate(enc["offset_mapping"]) if s < hi and e > lo]
     if not answer_pos:
         raise ValueError(f"answer {answer!r} produced no tokens after the opener {opener!r}")
@@ -311,7 +328,8 @@ class ReferenceScorer:
     """
 
     def __init__(self, model: Any, tokenizer: Any, fmt: Any, method: Method | None = None,
-                 dtype: torch.dtype | None = None, batch_scorer: BatchScorer | None = None) -> None:
+                 dtype: torch.dtype | None = None, batch_scorer: BatchScorer | None = None,
+                 answer_prefix: str = "") -> None:
         if is_peft_model(model):
             self.model = model  # shared with the policy; frozen() switches the adapter off
         else:
@@ -324,11 +342,14 @@ class ReferenceScorer:
         self.fmt = fmt
         self.method = method
         self.batch_scorer = batch_scorer
+        self.answer_prefix = answer_prefix
+        """Text scored before the opener (``EMPTY_THINK`` with ``algo.score_after_empty_think``)."""
         self._answer_cache: dict[str, tuple[list[int], list[int]]] = {}
 
     def _answer_ids(self, gold: str) -> tuple[list[int], list[int]]:
         if gold not in self._answer_cache:
-            self._answer_cache[gold] = answer_token_ids(self.tokenizer, self.fmt, gold)
+            self._answer_cache[gold] = answer_token_ids(self.tokenizer, self.fmt, gold,
+                                                          prefix=self.answer_prefix)
         return self._answer_cache[gold]
 
     def score(self, items: Items, tasks: Mapping[str, Task], *,

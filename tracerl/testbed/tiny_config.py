@@ -195,6 +195,11 @@ PRESETS: dict[str, TinyModelConfig] = {
     # greedy two-hop to 38-48% and three-hop to 13-16% in 75-150 steps.
     "bench_hops": TinyModelConfig(world=BENCH_WORLD, num_worlds=200, steps=4200, warmup_steps=100,
                                   explorer=replace(DEFAULT_EXPLORER, hop_aware=0.7)),
+    # bench_hops on the world with one look-alike per name (the credit testbed's look-alike variant,
+    # benchmarks/common.py LOOKALIKE_SETTING): a search for the look-alike returns a document of the
+    # same shape without the gold. Not yet pretrained or measured.
+    "bench_hops_lookalike": TinyModelConfig(world=replace(BENCH_WORLD, distractors=1), num_worlds=200, steps=4200,
+                                            warmup_steps=100, explorer=replace(DEFAULT_EXPLORER, hop_aware=0.7)),
     # The same data on two layers (8.4k steps of one row, 7 min): sampled 7.3% / 0.0% / 0.9%, and
     # GRPO stayed at 0% on two and three hops in 100 steps; measured and not used.
     "bench_hops_2l": TinyModelConfig(world=BENCH_WORLD, num_worlds=200, num_layers=2, steps=8400, batch_size=1,

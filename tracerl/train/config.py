@@ -33,6 +33,7 @@ from tracerl.train.divergence import DivergenceConfig
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, to_dict
 from tracerl.train.dist_config import DistConfig, check_dist
 from tracerl.train.presets import PRESETS, SMOKE
+from tracerl.train.trace_checks import check_trace_options
 from tracerl.train.data_source import DATA_PATHS, infer_data_source, synthwiki_ignores_paths
 
 
@@ -298,6 +299,10 @@ class AlgoConfig:
     gspo_clip_high: float = 4e-4
     """GSPO's clip range ``[1 - gspo_clip_low, 1 + gspo_clip_high]`` of the sequence ratio (the
     paper's 3e-4 and 4e-4, arXiv 2507.18071)."""
+    score_after_empty_think: bool = False
+    """Score the gold after Qwen3's empty think block, ``<think>\\n\\n</think>\\n\\n`` + opener, instead
+    of right after the turn opens (``chat``/``search_r1`` only): a thinking model never writes
+    ``<answer>`` first thing in a turn (docs/TRACE.md section 2, a departure from the paper)."""
 
     def __post_init__(self) -> None:
         _registered("algo", "estimator", self.estimator, ESTIMATORS)
@@ -437,6 +442,7 @@ class TrainConfig:
             raise ConfigError(f"algo.policy_loss = {self.algo.policy_loss!r} is a sequence-level loss: it needs "
                               f"optim.loss_agg = 'seq-mean-token-mean', got {self.optim.loss_agg!r}")
         check_finite("", self)  # every section, the predictor and algo.advantage included
+        check_trace_options(self)  # cross-field checks of the TRACE options (train/trace_checks.py)
         if self.predictor.features != "handcrafted" and self.model.backend != "hf":
             raise ConfigError(f"predictor.features = {self.predictor.features!r} needs model.backend = 'hf': the "
                               f"policy's hidden states come from the HF generation forward (model.backend = "

@@ -31,7 +31,9 @@ from tracerl.models.factory import make_reference_engine
 from tracerl.models.lora import apply_lora, trainable_parameters
 from tracerl.models.memory import enable_gradient_checkpointing
 from tracerl.models.precision import DTYPES, compute_context, grad_scaler
-from tracerl.models.scoring import ReferenceScorer
+from tracerl.models.scoring import EMPTY_THINK, ReferenceScorer
+from tracerl.train.trace_metrics import TraceMetrics
+
 from tracerl.train.config import TrainConfig
 from tracerl.train.data import load_task_data, take_pool
 from tracerl.train.divergence import DivergenceMonitor, step_signals
@@ -111,7 +113,8 @@ class Trainer(RunLifecycle):
         # float16 is different: autocast only keeps float32 weights' residual stream and norms out of
         # float16, so a float16 reference would overflow on large activations; it stays float32.
         ref_dtype = DTYPES["bfloat16"] if cfg.model.dtype == "bfloat16" else None
-        self.reference = (ReferenceScorer(self.model, self.tokenizer, self.fmt, dtype=ref_dtype)
+        self.reference = (ReferenceScorer(self.model, self.tokenizer, self.fmt, dtype=ref_dtype,
+                                          answer_prefix=EMPTY_THINK if cfg.algo.score_after_empty_think else "")
                           if needs_reference else None)
         self.reference_engine = None  # algo.reference_backend = vllm: readiness from a frozen vLLM engine
         if self.reference is not None and cfg.algo.credit and cfg.algo.reference_backend == "vllm":
@@ -123,6 +126,7 @@ class Trainer(RunLifecycle):
         live = LiveParts(self.model, self.tokenizer, self.fmt, self.data.environment, self.reference)
         self.executor = build_executor(worker_spec(cfg, self.run_dir / INITIAL), live)
         self.predictor = SuccessPredictor(cfg.predictor) if cfg.uses_predictor else None
+        self.trace_metrics = TraceMetrics(cfg.algo.estimator, cfg.algo.advantage)  # strata, credit readings
         self.scheme = get_scheme(cfg.rollout.scheme, cfg.rollout.schemes, self.predictor,
                                  self.reference is not None and cfg.algo.credit)
         recompute = cfg.optim.recompute_old_logprobs
@@ -193,6 +197,7 @@ class Trainer(RunLifecycle):
         clock = self._phase_end(timings, "update", clock)
 
         self.rollout_log.write(self.step_index + 1, result.trees, advantages, self.predictor)  # before the metrics line
+        trace_record = self.trace_metrics.observe(pool, result.trees, self.tasks, batch, self.predictor)
         predictor_metrics = self.predictor.update(result.trees) if self.predictor is not None else {}
         self._phase_end(timings, "predictor", clock)
         session.forget()
@@ -201,7 +206,7 @@ class Trainer(RunLifecycle):
         self.totals["rollouts"] += result.cost.rollouts
         self.totals["generated_tokens"] += result.cost.generated_tokens
         record = self._record(result, trajectories, update, predictor_metrics, timings)
-        record.update(tool_calls=tools.calls, tool_failures=tools.failures, **self._peaks)
+        record.update(tool_calls=tools.calls, tool_failures=tools.failures, **self._peaks, **trace_record)
         record.update(step_signals(trajectories))  # valid-action rate and sampled entropy (divergence tests)
         record.update(time_rollout_execute=rollout_inner["execute"], time_rollout_readiness=rollout_inner["score"],
                       # generation throughput of the backend (hf or vllm): tokens over executor time

@@ -34,6 +34,28 @@ PRESETS.update({
     for r, p in (("uniform", "uniform"), ("uniform", "learned"), ("learned", "uniform"))
 })
 
+# Options beside the papers' forms (docs/TRACE.md sections 2-3, "departures"): each preset changes one
+# knob of trace_alloc (allocation) or trace_credit (credit), so an arm reads as that knob's effect.
+_ALLOC_OPTIONS: dict[str, dict[str, Any]] = {
+    # every pool prompt gets a pair (the spec's m_min = 2); stage 1 grows to 3/4 of the budget so the
+    # DP still places 16 rollouts of the default 64 beyond the 16 x 2 floor
+    "floor": {"rollout": {"schemes": {"trace_floor_per_prompt": 2, "trace_stage1_fraction": 0.75}}},
+    "coverage": {"rollout": {"schemes": {"trace_root_mode": "coverage"}}},
+    "explore": {"rollout": {"schemes": {"trace_explore_fraction": 0.25}}},  # one group of 8 of stage 1's 32
+    "rootstage1": {"predictor": {"root_targets": "stage1"}},
+}
+PRESETS.update({f"trace_alloc_{name}": merge(PRESETS["trace_alloc"], extra) for name, extra in _ALLOC_OPTIONS.items()})
+_CREDIT_OPTIONS: dict[str, dict[str, Any]] = {
+    "k1": {"horizon": 1},  # short horizons: with 1-3 tool calls every K = 3 window reaches the end
+    "gated": {"credit_centre": "gated"},
+    "gated_k1": {"credit_centre": "gated", "horizon": 1},
+    "gated_turn": {"credit_centre": "gated_turn"},
+    "clip": {"credit_clip": 0.2},  # |w_turn c_k| <= 0.2: one nat of log-ratio at the default w_turn
+    "once": {"credit_fill": "once"},
+}
+PRESETS.update({f"trace_credit_{name}": merge(PRESETS["trace_credit"], {"algo": {"advantage": extra}})
+                for name, extra in _CREDIT_OPTIONS.items()})
+
 # `--smoke`: a randomly initialised tiny model on a tiny world; a few steps run in seconds.
 SMOKE: dict[str, Any] = {
     "steps": 2,

@@ -81,7 +81,7 @@ def _load_parts(cfg: TrainConfig, spec: WorkerSpec) -> LiveParts:
     """A worker's own model (the initial policy), format, environment and reference scorer."""
     from tracerl.testbed.loading import load_model
     from tracerl.models.precision import DTYPES
-    from tracerl.models.scoring import ReferenceScorer
+    from tracerl.models.scoring import EMPTY_THINK, ReferenceScorer
     from tracerl.train.data import load_task_data
     from tracerl.train.initial import initial_source
 
@@ -95,5 +95,6 @@ def _load_parts(cfg: TrainConfig, spec: WorkerSpec) -> LiveParts:
     reference = None
     if cfg.algo.credit:
         ref_dtype = DTYPES["bfloat16"] if cfg.model.dtype == "bfloat16" else None
-        reference = ReferenceScorer(model, tokenizer, fmt, dtype=ref_dtype)
+        reference = ReferenceScorer(model, tokenizer, fmt, dtype=ref_dtype,
+                                    answer_prefix=EMPTY_THINK if cfg.algo.score_after_empty_think else "")
     return LiveParts(model, tokenizer, fmt, environment, reference)

@@ -1,0 +1,58 @@
+"""Which hop counts each stage-1 option spends on, replayed from per-hop success rates (no model).
+
+Stage 1 with an exact predictor: every pool prompt's root value is its hop count's base success
+rate (the ``bench_hops`` base model's sampled 22% / 6.3% / 0.9% on 1 / 2 / 3-hop questions,
+``tracerl/testbed/tiny_config.py``), a pool of 16 prompts with hop counts drawn uniformly, the
+testbed's budget (64 rollouts, groups of 8, stage 1 half of it), 2,000 pools. Reports the share
+of stage-1 rollouts per hop count for the paper's stage 1 and each option (docs/TRACE.md
+section 3): where the plan itself puts the budget, before any predictor error or training.
+
+    python benchmarks/stage1_replay.py   # a few seconds
+"""
+
+from __future__ import annotations
+
+import random
+
+from common import RESULTS, write_json
+
+from tracerl.core.allocation import allocate_roots, exploration_prompts
+
+RATES = {1: 0.22, 2: 0.063, 3: 0.009}
+
+
+def explore_plan(values: list[float], seed: int) -> list[int]:
+    """A quarter of stage 1 (one group of 8) on a uniformly drawn prompt, the rest exactly."""
+    drawn = exploration_prompts(len(values), 8, 8, seed=seed)
+    rest = [i for i in range(len(values)) if i not in drawn]
+    counts = [8 if i in drawn else 0 for i in range(len(values))]
+    for i, m in zip(rest, allocate_roots([values[i] for i in rest], 24, min_per_prompt=8)):
+        counts[i] = m
+    return counts
+
+
+def main() -> None:
+    rng = random.Random(0)
+    totals: dict[str, dict[int, int]] = {}
+    for step in range(2000):
+        pool = [rng.choice([1, 2, 3]) for _ in range(16)]
+        v = [RATES[h] for h in pool]
+        plans = {
+            "paper": allocate_roots(v, 32, min_per_prompt=8),
+            "floor (m_min 2, stage 1 48)": allocate_roots(v, 48, min_per_prompt=8, floor_per_prompt=2),
+            "coverage (chain's 8 prompts, >= 2)": allocate_roots(v[:8], 32, min_per_prompt=2, floor_per_prompt=2) + [0] * 8,
+            "explore (1/4 of stage 1)": explore_plan(v, step),
+        }
+        for name, counts in plans.items():
+            t = totals.setdefault(name, {1: 0, 2: 0, 3: 0})
+            for h, m in zip(pool, counts):
+                t[h] += m
+    shares = {name: {str(h): t[h] / sum(t.values()) for h in (1, 2, 3)} for name, t in totals.items()}
+    for name, s in shares.items():
+        print(f"{name:>36}: " + " / ".join(f"{100 * s[h]:.1f}%" for h in ("1", "2", "3")))
+    write_json(RESULTS / "stage1_replay.json", {"rates": RATES, "pools": 2000, "pool_size": 16,
+                                                "stage1_rollout_share_by_hops": shares})
+
+
+if __name__ == "__main__":
+    main()
