@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tracerl.envs.health import ToolHealthError
-from tracerl.train import loop as loop_module
+from tracerl.rollout import executor as executor_module
 from tracerl.train import runstate as runstate_module
 from tracerl.train.config import TrainConfig, resolve_config
 from tracerl.train.loop import Trainer
@@ -58,14 +58,14 @@ def run_killed_at(cfg: TrainConfig, run_dir: Path, step: int) -> None:
 
 def recording_evaluations(patch: pytest.MonkeyPatch) -> list[list[str]]:
     """Record every evaluation's sampled turn texts (the metrics of the smoke model saturate)."""
-    real, seen = loop_module.evaluate, []
+    real, seen = executor_module.evaluate, []
 
     def evaluate(*args: Any, **kwargs: Any) -> Any:
         report = real(*args, **kwargs)
         seen.append([turn["text"] for record in report.records for turn in record["turns"]])
         return report
 
-    patch.setattr(loop_module, "evaluate", evaluate)
+    patch.setattr(executor_module, "evaluate", evaluate)
     return seen
 
 

@@ -53,6 +53,15 @@ METRICS: tuple[Metric, ...] = (
     Metric("tool_calls", "training", "Tool calls made this step."),
     Metric("tool_failures", "training", "Tool calls that failed this step (infrastructure failures)."),
     Metric("readiness_gain_mean", "credit", "Mean l_T - l_0 over trajectories: how much the episode raised the frozen reference's readiness (log-prob of the gold answer); null without `algo.credit`."),
+    Metric("valid_action_rate", "training", "Share of the turns of valid trajectories whose action parsed and was accepted (divergence check: falling to 0 and staying there is a collapse)."),
+    Metric("sampled_entropy", "training", "Mean negative log-prob of the sampled tokens, nats (divergence check: rising towards ln(vocabulary) means near-uniform sampling)."),
+    Metric("credit_allsame_turn_mean", "credit", "trace_credit: mean of the paper's turn term w_turn c_k over transitions of all-same groups, where it is the only gradient (NaN without such transitions)."),
+    Metric("credit_allsame_turn_pos", "credit", "trace_credit: share of those turn terms that are positive."),
+    Metric("credit_turn_outcome_cos", "credit", "trace_credit: cosine between the per-token turn-term and outcome-term advantage vectors as trained, over sampled tokens (a direction of the advantages, not of gradients)."),
+    Metric("stratum_share_{stratum}", "scheme", "Share of the step's trained prompts in one stratum (hop count `hops{k}` where tasks know it, else a predicted-value quartile `v{k}`); a starved stratum warns once."),
+    Metric("stratum_rollouts_{stratum}", "scheme", "Share of the step's valid rollouts spent on one stratum."),
+    Metric("stratum_success_{stratum}", "scheme", "Success rate (reward > 0.5) of the step's rollouts in one stratum."),
+    Metric("stratum_pred_{stratum}", "scheme", "Mean predicted root value of the stratum's trained prompts before this step's update (calibration: compare with stratum_success)."),
     # --- update
     Metric("loss", "update", "Policy loss of the step (mean over `optim.updates_per_step` optimiser steps)."),
     Metric("kl", "update", "k3 KL to the frozen reference (0 unless `optim.kl_coef > 0`)."),
@@ -76,6 +85,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("scheme_stage1_rollouts", "scheme", "trace: rollouts spent on the chosen roots."),
     Metric("scheme_stage2_rollouts", "scheme", "trace: rollouts spent continuing turn prefixes (stage 2)."),
     Metric("scheme_anchors", "scheme", "trace: turn prefixes (anchors) that stage 2 expanded."),
+    Metric("scheme_explore_prompts", "scheme", "trace: stage-1 prompts drawn uniformly (`rollout.schemes.trace_explore_fraction`), not by the predictor."),
     Metric("scheme_root_topup", "scheme", "trace: budget stage 2 could not place, spent as extra root rollouts."),
     # --- success predictor (prefix predictor_, TRACE allocation)
     Metric("predictor_n_nodes", "predictor", "Nodes of this step's trees the success predictor learned from."),
