@@ -185,6 +185,8 @@ def eval_model(
     seed: int = typer.Option(0, help="Sampling seed."),
     device: str = typer.Option("cpu", help="torch device for the model."),
     progress: bool = typer.Option(True, help="Show progress on stderr (a bar on a terminal, else a line per 10%)."),
+    trust_run_code: bool = typer.Option(False, "--trust-run-code",
+                                        help="With --run: allow the run's config to import its plug-ins (import paths)."),
 ) -> None:
     """Roll a model out on a task split; print EM, F1, pass@k, turns, tool calls, error-action rate."""
     import json
@@ -201,7 +203,8 @@ def eval_model(
         from tracerl.train.evaluation import eval_run
 
         metrics = eval_run(run, tasks_path=tasks, corpus_path=corpus, samples=samples, limit=limit, out=out,
-                           temperature=temperature, seed=seed, device=device, show_progress=progress)
+                           temperature=temperature, seed=seed, device=device, show_progress=progress,
+                           trust_code=trust_run_code)
     else:
         from tracerl.rollout.engine import EngineConfig
         from tracerl.rollout.evaluate import run_eval
@@ -236,6 +239,8 @@ def train(
     smoke: bool = typer.Option(False, help="Random tiny model on a tiny world: a sanity run in seconds."),
     resume: str = typer.Option(None, "--resume", help="Continue the run in this folder exactly."),
     device: str = typer.Option(None, "--device", help="With --resume: continue on this device (e.g. cuda:0)."),
+    trust_run_code: bool = typer.Option(False, "--trust-run-code",
+                                        help="With --resume: allow the run's config to import its plug-ins (import paths)."),
 ) -> None:
     """Train a policy with one of the method presets."""
     from tracerl.train.run import resume_training, start_training
@@ -246,7 +251,7 @@ def train(
     if device is not None and not resume:
         raise UsageError("--device goes with --resume; a fresh start takes --set model.device=...")
     if resume:
-        start = resume_training(resume, steps=steps, device=device)
+        start = resume_training(resume, steps=steps, device=device, trust_code=trust_run_code)
     else:
         if not preset or not out:
             raise UsageError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")

@@ -5,14 +5,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
 from tracerl.train.checkpoint import latest_checkpoint
 from tracerl.train.config_checks import check_device
-from tracerl.train.config import config_from_yaml, resolve_config
+from tracerl.train.config import resolve_config
 from tracerl.train.loop import Trainer
 from tracerl.train.metrics import console_line, is_interactive
-from tracerl.train.runfolder import RunFolderError, refuse_if_state
+from tracerl.train.run_config import read_run_config
+from tracerl.train.runfolder import RunFolderError, check_run_folder, refuse_if_state
+
+
+def refuse_config_in_run(config_file: str | Path | None, run_dir: Path) -> None:
+    """Refuse ``--config RUN_DIR/config.yaml``: the run writes its resolved config there, so the
+    user's own file would be overwritten at start (and removed if set-up then failed)."""
+    if not config_file:
+        return
+    target = run_dir / "config.yaml"
+    same = Path(config_file).resolve() == target.resolve()
+    if not same and target.exists():
+        same = Path(config_file).exists() and Path(config_file).samefile(target)
+    if same:
+        raise RunFolderError(f"--config {config_file} is the file the run writes its resolved config to "
+                             f"({target}); keep your config outside --out {run_dir} (e.g. {run_dir}.yaml)")
 
 
 def start_training(preset: str, out: str | Path, *, config_file: str | None = None,
@@ -20,17 +33,18 @@ def start_training(preset: str, out: str | Path, *, config_file: str | None = No
                    smoke: bool = False) -> Callable[[], list[dict[str, Any]]]:
     """Validate everything first (bad configs and a folder that holds a run fail here, before
     anything is written), take the run folder, then return the run to start."""
+    run_dir = Path(out)
+    refuse_config_in_run(config_file, run_dir)
     config = resolve_config(preset, config_file=config_file, overrides=overrides, smoke=smoke)
     if steps is not None:
         config.steps = steps
-    run_dir = Path(out)
     refuse_if_state(run_dir)
     trainer = Trainer(config, run_dir)  # locks the folder, writes config.yaml and initial/
     return lambda: _run(trainer, config.steps)
 
 
 def resume_training(run_dir: str | Path, steps: int | None = None,
-                    device: str | None = None) -> Callable[[], list[dict[str, Any]]]:
+                    device: str | None = None, trust_code: bool = False) -> Callable[[], list[dict[str, Any]]]:
     """Continue a run from its newest checkpoint with the config it was started with.
 
     A run killed before its first checkpoint has only ``config.yaml`` (and partial state): it
@@ -38,14 +52,12 @@ def resume_training(run_dir: str | Path, steps: int | None = None,
     on such a folder is refused, so nothing is reused or overwritten without ``--resume``.
     """
     run_dir = Path(run_dir)
+    check_run_folder(run_dir)
     folder = latest_checkpoint(run_dir)
     source = (folder if folder is not None else run_dir) / "config.yaml"
     if not source.is_file():
         raise RunFolderError(f"{run_dir} has no checkpoint and no config.yaml: not a tracerl run folder")
-    try:
-        config = config_from_yaml(source.read_text())
-    except yaml.YAMLError as err:
-        raise RunFolderError(f"{source} is not valid YAML ({type(err).__name__}); restore it") from None
+    config = read_run_config(source, trust_code=trust_code)  # imports no plug-in the user did not trust
     if steps is not None:
         config.steps = steps
     if device is not None:  # e.g. a run started on cuda:1 continues on a machine with one GPU

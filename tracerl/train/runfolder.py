@@ -7,6 +7,11 @@ holder dies (even by SIGKILL), so a killed run never leaves a folder locked.
 
 Everything a run writes goes through a temporary name and ``os.replace``; temporaries are
 named ``.NAME.tmp-PID`` so leftovers of dead processes can be recognised and removed.
+
+A run folder may come from someone else (an unpacked archive, a shared disk), so before a run
+or an evaluation touches it :func:`check_run_folder` refuses every entry that is a symbolic
+link or not a plain file or folder: through a link, appending to ``metrics.jsonl``, pruning
+``rollouts/`` or taking ``.lock`` would write or delete files outside the folder.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 from pathlib import Path
 
 LOCK_FILE = ".lock"
@@ -60,9 +66,32 @@ def run_state(run_dir: Path) -> list[str]:
     """Names of the run-state entries in ``run_dir`` (sorted): what makes a fresh start unsafe."""
     if not run_dir.is_dir():
         return []
-    found = [name for name in STATE_NAMES if (run_dir / name).exists()]
+    found = [name for name in STATE_NAMES if os.path.lexists(run_dir / name)]
     found += [p.name for p in run_dir.glob("ckpt-*")]
     return sorted(found)
+
+
+def check_run_folder(run_dir: Path) -> None:
+    """Raise :class:`RunFolderError` for the first entry under ``run_dir`` that is a symbolic link
+    or not a regular file or folder (a FIFO, a device, a socket).
+
+    The folder itself may be a link (the user named it); nothing inside it may be, so every
+    path a run derives from it stays inside it. Walks the whole tree (a run folder holds tens
+    to a few thousand entries) without following links.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    for root, dirs, files in os.walk(run_dir, followlinks=False):
+        for name in sorted(dirs + files):
+            path = Path(root) / name
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                raise RunFolderError(f"{path} is a symbolic link; a run folder must hold its own files "
+                                     "(a link could make a run write or delete files outside it): remove the link")
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise RunFolderError(f"{path} is not a regular file or folder (a FIFO, device or socket); "
+                                     "remove it")
 
 
 def refuse_if_state(run_dir: Path) -> None:
@@ -127,7 +156,16 @@ class RunLock:
         os.fsync(fd)
 
     def _try_lock(self) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # O_NOFOLLOW: a .lock that is a link must not truncate the file it points to
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as err:
+            if os.path.islink(self.path):
+                raise RunFolderError(f"{self.path} is a symbolic link; the lock must be a file of the run "
+                                     "folder itself: remove the link") from None
+            raise err
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise RunFolderError(f"{self.path} is not a regular file; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -138,8 +176,9 @@ class RunLock:
 
     def _holder(self) -> dict[str, object]:
         try:
-            holder = json.loads(self.path.read_text() or "{}")
-        except (OSError, ValueError):
+            with open(self.path, "rb") as handle:  # a lock we could open: a regular file, not a link
+                holder = json.loads(handle.read(4096) or b"{}")
+        except (OSError, ValueError, RecursionError):
             return {}
         return holder if isinstance(holder, dict) else {}
 
