@@ -35,6 +35,7 @@ def start_training(preset: str, out: str | Path, *, config_file: str | None = No
     anything is written), take the run folder, then return the run to start."""
     run_dir = Path(out)
     refuse_config_in_run(config_file, run_dir)
+    check_run_folder(run_dir)
     config = resolve_config(preset, config_file=config_file, overrides=overrides, smoke=smoke)
     if steps is not None:
         config.steps = steps
