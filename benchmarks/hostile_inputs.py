@@ -306,9 +306,13 @@ CASES = [
 # --- running -------------------------------------------------------------------------------
 
 
+_TREE = {"root": ROOT}
+"""The tracerl source tree under test (``--root``: e.g. an older checkout, to see what it fails)."""
+
+
 def _env(work: Path) -> dict[str, str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRACERL_THREADS="1", PROBE_PEAK=str(work / "peak_kib"))
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(work), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(_TREE["root"]), str(work), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.pop("TRACERL_DEBUG", None)
     return env
 
@@ -393,14 +397,16 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=180.0)
     parser.add_argument("--memory-mib", type=float, default=1536.0)
     parser.add_argument("--out", default=None, help="Write the results as JSON here.")
+    parser.add_argument("--root", default=str(ROOT), help="tracerl source tree to probe (default: this one).")
     args = parser.parse_args()
+    _TREE["root"] = Path(args.root).resolve()
     base = Path(args.work)
     base.mkdir(parents=True, exist_ok=True)
     results = probe(args.only, base, args.timeout, args.memory_mib)
     for r in results:
         print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:24s} [{r['owner']}] {r['seconds']:6.1f}s "
               f"{r['peak_rss_mib']} MiB  {'; '.join(r['problems']) or r['line'][:100]}")
-    summary = {"memory_bound_mib": args.memory_mib, "timeout_s": args.timeout, "cases": results,
+    summary = {"root": str(_TREE["root"]), "memory_bound_mib": args.memory_mib, "timeout_s": args.timeout, "cases": results,
                "passed": sum(r["ok"] for r in results), "total": len(results)}
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")

@@ -246,9 +246,9 @@ def main() -> None:
         summary = run_harness(args.work_dir, kills=args.kills, steps=args.steps, seed=args.seed, model=smoke_model())
     summary.update(_output_phases(args, phases))
     summary["ok"] = all(summary[k]["ok"] for k in ("convert", "view") if k in summary) and summary.get("ok", True)
-    summary["command"] = (f"python benchmarks/kill_resume.py --kills {args.kills} --steps {args.steps} "
-                          f"--seed {args.seed} --phases {args.phases} --convert-kills {args.convert_kills} "
-                          f"--view-kills {args.view_kills}")
+    train = f" --kills {args.kills} --steps {args.steps}" if "train" in phases else ""
+    kills = "".join(f" --{p}-kills {getattr(args, p + '_kills')}" for p in ("convert", "view") if p in phases)
+    summary["command"] = f"python benchmarks/kill_resume.py{train} --seed {args.seed} --phases {args.phases}{kills}"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))

@@ -310,3 +310,13 @@ def test_eval_reads_the_new_checkpoint_when_the_live_run_prunes_it(run: Path,
 def test_eval_says_in_one_line_when_the_checkpoint_keeps_moving(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _prune_on_load(run, monkeypatch, times=10)
     one_line(invoke("eval", "--run", str(run), "--no-progress"), "moved while it was read", "ckpt-000001")
+
+
+def test_wandb_links_of_its_own_folder_are_not_refused(run: Path, tmp_path: Path) -> None:
+    (run / "wandb").mkdir()
+    (run / "wandb" / "latest-run").symlink_to(run / "wandb")  # what wandb.init(dir=RUN_DIR) writes
+    check_run_folder(run)
+    shutil.rmtree(run / "wandb")
+    (run / "wandb").symlink_to(tmp_path)  # the folder itself is still an entry of the run folder
+    with pytest.raises(RunFolderError, match="wandb is a symbolic link"):
+        check_run_folder(run)

@@ -30,6 +30,9 @@ LOCK_FILE = ".lock"
 STATE_NAMES = ("metrics.jsonl", "initial", "LATEST")
 """Files and folders whose presence means a run already trained (or began to) here; ``ckpt-*`` too."""
 
+FOREIGN_FOLDERS = ("wandb",)
+"""Sub-folders another tool writes (W&B) and tracerl never reads or writes through: not walked."""
+
 _TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
 
 
@@ -83,6 +86,8 @@ def check_run_folder(run_dir: Path) -> None:
     if not run_dir.is_dir():
         return
     for root, dirs, files in os.walk(run_dir, followlinks=False):
+        if Path(root) == run_dir:  # wandb's own folder holds its own links (latest-run); never ours to follow
+            dirs[:] = [d for d in dirs if d not in FOREIGN_FOLDERS or os.path.islink(run_dir / d)]
         for name in sorted(dirs + files):
             path = Path(root) / name
             mode = os.lstat(path).st_mode
