@@ -276,6 +276,11 @@ def _observations_bounded(work: Path, done: subprocess.CompletedProcess[str]) ->
     return None if chars < (1 << 20) else f"an observation of {chars} characters"
 
 
+def _no_run_folder(work: Path, done: subprocess.CompletedProcess[str]) -> str | None:
+    """Bad data must fail before the run folder exists (else it blocks rerunning into --out)."""
+    return "the run folder was created" if (work / "new-run").exists() else None
+
+
 CASES = [
     Case("lock_link", "runfolder", lock_link),
     Case("lock_link_fresh", "runfolder", lock_link_fresh, needs_run=False),
@@ -288,10 +293,10 @@ CASES = [
     Case("yaml_bomb_config", "runfolder", yaml_bomb_config, needs_run=False),
     Case("yaml_bomb_run", "runfolder", yaml_bomb_run),
     Case("import_path_run", "runfolder", import_path_run),
-    Case("big_question", "runfolder", big_question, needs_run=False),
+    Case("big_question", "runfolder", big_question, needs_run=False, check=_no_run_folder),
     Case("huge_line", "runfolder", huge_line, needs_run=False),
     Case("deep_json_env_check", "runfolder", deep_json_env_check, needs_run=False),
-    Case("deep_json_train", "runfolder", deep_json_train, needs_run=False),
+    Case("deep_json_train", "runfolder", deep_json_train, needs_run=False, check=_no_run_folder),
     Case("deep_json_convert", "runfolder", deep_json_convert, needs_run=False),
     Case("torn_tasks", "runfolder", torn_tasks, needs_run=False),
     Case("view_gzip_bomb", "view", view_gzip_bomb),
@@ -323,7 +328,8 @@ def build_run(base: Path) -> Path:
     if not (run / "LATEST").exists():
         shutil.rmtree(run, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "tracerl.cli", "train", "grpo", "--smoke", "--steps", "1",
-                        "--out", str(run), *RUN_ARGS], check=True, env=_env(base), capture_output=True, timeout=600)
+                        "--out", str(run), *RUN_ARGS], check=True, env=_env(base), capture_output=True, timeout=600,
+                       cwd=base)  # not this tree's root: `-m` would import the tracerl found there
     return run
 
 
@@ -369,7 +375,7 @@ def run_case(case: Case, base: Path, template: Path | None, timeout: float, memo
         problem = case.check(work, done)
         if problem:
             problems.append(problem)
-    if SECRET.strip() in stderr:
+    if any(SECRET[i:i + 16] in stderr for i in range(0, len(SECRET) - 16, 8)):
         problems.append("the sentinel's content was echoed")
     if _outside_state(work / "outside") != before:
         problems.append("something outside the folder changed")
