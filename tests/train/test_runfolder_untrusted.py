@@ -312,11 +312,11 @@ def test_eval_says_in_one_line_when_the_checkpoint_keeps_moving(run: Path, monke
     one_line(invoke("eval", "--run", str(run), "--no-progress"), "moved while it was read", "ckpt-000001")
 
 
-def test_wandb_links_of_its_own_folder_are_not_refused(run: Path, tmp_path: Path) -> None:
+def test_files_the_run_does_not_own_are_left_alone(run: Path, tmp_path: Path) -> None:
     (run / "wandb").mkdir()
     (run / "wandb" / "latest-run").symlink_to(run / "wandb")  # what wandb.init(dir=RUN_DIR) writes
+    (run / "my_data").symlink_to(tmp_path)  # the user's own link beside the run
     check_run_folder(run)
-    shutil.rmtree(run / "wandb")
-    (run / "wandb").symlink_to(tmp_path)  # the folder itself is still an entry of the run folder
-    with pytest.raises(RunFolderError, match="wandb is a symbolic link"):
+    (run / "ckpt-000001" / "policy" / "extra").symlink_to(tmp_path)  # inside a run entry: refused
+    with pytest.raises(RunFolderError, match="policy/extra is a symbolic link"):
         check_run_folder(run)

@@ -30,8 +30,9 @@ LOCK_FILE = ".lock"
 STATE_NAMES = ("metrics.jsonl", "initial", "LATEST")
 """Files and folders whose presence means a run already trained (or began to) here; ``ckpt-*`` too."""
 
-FOREIGN_FOLDERS = ("wandb",)
-"""Sub-folders another tool writes (W&B) and tracerl never reads or writes through: not walked."""
+RUN_ENTRIES = (LOCK_FILE, "config.yaml", "metrics.jsonl", "initial", "LATEST", "rollouts", "view", "tensorboard")
+"""Entries tracerl reads or writes in a run folder (with ``ckpt-*`` and temporaries). W&B's
+``wandb/`` is not one: wandb writes its own links there and tracerl never reads it."""
 
 _TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
 
@@ -74,29 +75,40 @@ def run_state(run_dir: Path) -> list[str]:
     return sorted(found)
 
 
-def check_run_folder(run_dir: Path) -> None:
-    """Raise :class:`RunFolderError` for the first entry under ``run_dir`` that is a symbolic link
-    or not a regular file or folder (a FIFO, a device, a socket).
+def run_entries(run_dir: Path) -> list[Path]:
+    """The entries of ``run_dir`` that tracerl reads or writes (:data:`RUN_ENTRIES`, ``ckpt-*``,
+    ``.NAME.tmp-PID``), sorted; anything else in the folder is the user's and left alone."""
+    return sorted(p for p in run_dir.iterdir()
+                  if p.name in RUN_ENTRIES or p.name.startswith("ckpt-") or _TEMP.match(p.name))
 
-    The folder itself may be a link (the user named it); nothing inside it may be, so every
-    path a run derives from it stays inside it. Walks the whole tree (a run folder holds tens
-    to a few thousand entries) without following links.
+
+def check_run_folder(run_dir: Path) -> None:
+    """Raise :class:`RunFolderError` for the first run-folder entry (at any depth) that is a
+    symbolic link or not a regular file or folder (a FIFO, a device, a socket).
+
+    The folder itself may be a link (the user named it); nothing tracerl reads or writes inside it
+    may be, so every path a run derives from it stays inside it. Walks the run's own entries
+    (:func:`run_entries`: tens to a few thousand files) without following links; other files the
+    user keeps there (a fresh start may go into a folder that holds other things) are not walked.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return
-    for root, dirs, files in os.walk(run_dir, followlinks=False):
-        if Path(root) == run_dir:  # wandb's own folder holds its own links (latest-run); never ours to follow
-            dirs[:] = [d for d in dirs if d not in FOREIGN_FOLDERS or os.path.islink(run_dir / d)]
-        for name in sorted(dirs + files):
-            path = Path(root) / name
-            mode = os.lstat(path).st_mode
-            if stat.S_ISLNK(mode):
-                raise RunFolderError(f"{path} is a symbolic link; a run folder must hold its own files "
-                                     "(a link could make a run write or delete files outside it): remove the link")
-            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                raise RunFolderError(f"{path} is not a regular file or folder (a FIFO, device or socket); "
-                                     "remove it")
+    for entry in run_entries(run_dir):
+        _check_entry(entry)
+        if entry.is_dir() and not entry.is_symlink():
+            for root, dirs, files in os.walk(entry, followlinks=False):
+                for name in sorted(dirs + files):
+                    _check_entry(Path(root) / name)
+
+
+def _check_entry(path: Path) -> None:
+    mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode):
+        raise RunFolderError(f"{path} is a symbolic link; a run folder must hold its own files "
+                             "(a link could make a run write or delete files outside it): remove the link")
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise RunFolderError(f"{path} is not a regular file or folder (a FIFO, device or socket); remove it")
 
 
 def refuse_if_state(run_dir: Path) -> None:
