@@ -63,3 +63,8 @@ test-vllm: $(VLLM_VENV)/.installed
 
 clean:
 	rm -rf $(VENV) $(EXTRAS_VENV) $(VLLM_VENV) demo_out
+
+# docs/reference.md (every metrics.jsonl key and config field) is generated; a test fails when it is stale.
+.PHONY: docs
+docs: install
+	$(VENV)/bin/tracerl config reference --out docs/reference.md

@@ -60,7 +60,8 @@ from tracerl.envs.verifiers import exact_match
 from tracerl.models.backend import HFPolicy
 from tracerl.models.scoring import ReferenceScorer
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
-from tracerl.rollout.schemes import SchemeConfig, expandable_nodes, get_scheme
+from tracerl.rollout.executor import LocalExecutor
+from tracerl.allocation.schemes import SchemeConfig, expandable_nodes, get_scheme
 
 OUT = Path(__file__).parent / "results" / "allocation_effective_ratio.json"
 BASELINES = ("chain", "dapo", "tree_random", "trace_uniform")
@@ -147,8 +148,8 @@ def _args() -> argparse.Namespace:
 def _policy(args: argparse.Namespace) -> tuple[HFPolicy, str]:
     path = args.model
     if not path:
-        from tracerl.models.tiny import load_or_pretrain
-        from tracerl.models.tiny_config import get_preset
+        from tracerl.testbed.tiny import load_or_pretrain
+        from tracerl.testbed.tiny_config import get_preset
 
         path = str(load_or_pretrain(get_preset(args.preset)))
     return HFPolicy.from_pretrained(path, dtype=torch.float32), path
@@ -201,8 +202,7 @@ def _scheme(name: str, args: argparse.Namespace, preds: dict[str, SuccessPredict
     v = predicted_variants(args)[name]
     cfg = SchemeConfig(group_size=args.group_size, trace_min_per_prompt=v.floor or None, trace_roots=v.roots,
                        trace_prefixes=v.prefixes)
-    score = scorer.score if v.ready else None
-    return get_scheme("trace", cfg, predictor=preds[name], score=score)
+    return get_scheme("trace", cfg, predictor=preds[name], score=v.ready)
 
 
 def _score_all(trees: list[RolloutTree], tasks: dict[str, Task], scorer: ReferenceScorer) -> None:
@@ -229,7 +229,8 @@ def run_seed(seed: int, args: argparse.Namespace, engine: RolloutEngine, train: 
         for name in names:
             clock = time.perf_counter()
             gen = torch.Generator().manual_seed(seed * 1000 + step)
-            res = _scheme(name, args, preds, scorer).collect(engine, pool, args.budget, gen)
+            executor = LocalExecutor(engine, scorer.score_nodes)  # readiness-aware variants score through it
+            res = _scheme(name, args, preds, scorer).collect(executor, pool, args.budget, gen)
             row = {"effective_ratio": res.effective_ratio, "rollouts": res.cost.rollouts,
                    "generated_tokens": res.cost.generated_tokens, "seconds": time.perf_counter() - clock, **res.info}
             if name in preds:

@@ -118,8 +118,8 @@ def main() -> None:
     args = p.parse_args()
     configure_torch(args.threads)
     from tracerl.core.advantages import AdvantageBatch
-    from tracerl.models.sampling import derive_seed
-    from tracerl.rollout.session import RolloutSession
+    from tracerl.core.seeds import derive_seed
+    from tracerl.allocation.session import RolloutSession
     from tracerl.train.data import take_pool
     from tracerl.train.loop import Trainer
 

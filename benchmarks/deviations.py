@@ -43,10 +43,11 @@ from tracerl.core.types import Trajectory
 from tracerl.envs.search import search_environment
 from tracerl.envs.synthwiki import build_world
 from tracerl.envs.verifiers import exact_match
-from tracerl.models.tiny_config import DEFAULT_WORLD
+from tracerl.testbed.tiny_config import DEFAULT_WORLD
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
 from tracerl.rollout.evaluate import load_policy
-from tracerl.rollout.schemes import SchemeConfig
+from tracerl.rollout.executor import LocalExecutor
+from tracerl.allocation.schemes import SchemeConfig
 from tracerl.train.config import DataConfig
 
 
@@ -136,7 +137,7 @@ def trace_steps(engine: RolloutEngine, pool: list, steps: int) -> list[dict[str,
     out = []
     for step in range(steps):
         cold = not predictor.is_trained
-        res = scheme.collect(engine, pool[16 * step: 16 * step + 16], 64, seed=100 + step)
+        res = scheme.collect(LocalExecutor(engine), pool[16 * step: 16 * step + 16], 64, seed=100 + step)
         out.append({"step": float(step), "cold_predictor": float(cold), "effective_ratio": res.effective_ratio,
                     **{k: res.info[k] for k in ("stage1_prompts", "stage1_rollouts", "anchors",
                                                 "stage2_rollouts", "root_topup")}})

@@ -1,6 +1,6 @@
 """How often the pretraining explorer itself answers correctly, per hop count (issue 13 item 1).
 
-The tiny base models imitate a scripted, question-agnostic explorer (tracerl/models/tiny_data.py),
+The tiny base models imitate a scripted, question-agnostic explorer (tracerl/testbed/tiny_data.py),
 so the explorer's own success rate bounds what the base model can do by imitation. This runs each
 preset's explorer on the benchmark's questions (1-3 hops, 3 search results per call, 6 turns) of
 worlds outside every preset's pretraining range and records exact match per hop count. No model is
@@ -23,8 +23,8 @@ from common import RESULTS, write_json
 from tracerl.agent.formats import get_format
 from tracerl.core.types import Action
 from tracerl.envs.verifiers import exact_match
-from tracerl.models.tiny_config import get_preset
-from tracerl.models.tiny_data import WorldTools, explore, pretraining_worlds
+from tracerl.testbed.tiny_config import get_preset
+from tracerl.testbed.tiny_data import WorldTools, explore, pretraining_worlds
 
 
 def _args() -> argparse.Namespace:

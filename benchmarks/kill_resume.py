@@ -210,8 +210,8 @@ def run_harness(work: Path, *, kills: int, steps: int, seed: int, model: str,
 
 def smoke_model() -> str:
     """The pretrained smoke tiny model's folder (pretrained once, cached), so processes never pretrain."""
-    from tracerl.models.tiny import load_or_pretrain
-    from tracerl.models.tiny_config import get_preset
+    from tracerl.testbed.tiny import load_or_pretrain
+    from tracerl.testbed.tiny_config import get_preset
 
     return str(load_or_pretrain(get_preset("smoke")))
 

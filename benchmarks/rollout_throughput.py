@@ -48,7 +48,8 @@ from tracerl.envs.search import SearchIndex, search_tools
 from tracerl.envs.synthwiki import WorldConfig, build_world
 from tracerl.envs.verifiers import exact_match
 from tracerl.models.backend import HFPolicy
-from tracerl.rollout.engine import EngineConfig, RolloutCost, RolloutEngine
+from tracerl.core.protocol import RolloutCost
+from tracerl.rollout.engine import EngineConfig, RolloutEngine
 
 
 def random_policy(texts: list[str], hidden: int, layers: int, preset: str = "small") -> HFPolicy:

@@ -51,7 +51,7 @@ def base_success(trainer: Any, samples: int, seed: int) -> dict[str, Any]:
     trainer.model.eval()
     tasks = trainer.data.held_out[: trainer.config.eval.size]
     with torch.no_grad():
-        sampled = evaluate(trainer.engine, tasks, samples=samples, generator=torch.Generator().manual_seed(seed))
+        sampled = evaluate(trainer.executor.engine, tasks, samples=samples, generator=torch.Generator().manual_seed(seed))
     greedy = trainer.evaluate(trainer.data.held_out)
     return {"sampled": by_hops(sampled.metrics, "em_hops"), "sampled_all": sampled.metrics["em"],
             "sampled_turns": sampled.metrics["mean_turns"],

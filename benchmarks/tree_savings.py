@@ -72,7 +72,7 @@ class DeepestBranching:
         self.group_size, self.roots = group_size, roots
 
     def collect(self, executor: Any, pool: list, budget: int, generator: torch.Generator) -> Any:
-        from tracerl.rollout.schemes import SchemeResult
+        from tracerl.allocation.schemes import SchemeResult
 
         engine = executor.engine  # the trainer's LocalExecutor: this baseline drives the engine directly
         prompts = budget // self.group_size
@@ -87,7 +87,7 @@ def _effective_ratio(trees: list) -> float:
 
 
 def measure(args: argparse.Namespace, overrides: list[str]) -> tuple[dict[str, list[dict[str, Any]]], Any]:
-    from tracerl.rollout.schemes import get_scheme
+    from tracerl.allocation.schemes import get_scheme
     from tracerl.train.data import take_pool
     from tracerl.train.loop import Trainer
 
@@ -96,7 +96,7 @@ def measure(args: argparse.Namespace, overrides: list[str]) -> tuple[dict[str, l
     cfg = config.rollout.schemes
     schemes = {"chain": get_scheme("chain", cfg), "tree_random": get_scheme("tree_random", cfg),
                "trace": trainer.scheme, "branch_deepest": DeepestBranching(cfg.group_size, args.roots)}
-    engine, backend = trainer.engine, trainer.engine.backend
+    engine, backend = trainer.executor.engine, trainer.executor.backend
     trainer.model.eval()
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in SCHEMES}
     for step in range(args.steps):

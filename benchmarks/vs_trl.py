@@ -85,8 +85,8 @@ def _args() -> argparse.Namespace:
 def model_folder(args: argparse.Namespace) -> Path:
     if args.model:
         return Path(args.model)
-    from tracerl.models.tiny import load_or_pretrain
-    from tracerl.models.tiny_config import get_preset
+    from tracerl.testbed.tiny import load_or_pretrain
+    from tracerl.testbed.tiny_config import get_preset
 
     return load_or_pretrain(get_preset(args.tiny_preset))
 

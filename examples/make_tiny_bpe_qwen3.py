@@ -1,13 +1,13 @@
 """Build a small local BPE Qwen3 from your own data, to run the real-data path on a CPU in seconds.
 
     python examples/make_tiny_bpe_qwen3.py --tasks data/musique/tasks.jsonl \
-        --corpus data/musique/corpus.jsonl --out models/tiny-bpe
+        --corpus data/musique/corpus.jsonl --out testbed/tiny-bpe
 
 Trains a byte-level BPE tokenizer (no <unk>, so the coverage guard passes) on the questions,
 answers and documents, gives it a Qwen3-like chat template with tools and tool messages, and
 saves it beside a random Qwen3 of a few hundred thousand parameters. Then train with
-``--set model.name_or_path=models/tiny-bpe --set model.format=chat``. The model is untrained:
-it checks the plumbing, not the method (see tracerl/models/tiny_bpe.py).
+``--set model.name_or_path=testbed/tiny-bpe --set model.format=chat``. The model is untrained:
+it checks the plumbing, not the method (see tracerl/testbed/tiny_bpe.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 import sys
 
 from tracerl.errors import one_line
-from tracerl.models.tiny_bpe import build_bpe_qwen3, count_parameters, texts_from_files
+from tracerl.testbed.tiny_bpe import build_bpe_qwen3, count_parameters, texts_from_files
 
 
 def main(argv: list[str] | None = None) -> None:

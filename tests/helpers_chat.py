@@ -1,6 +1,6 @@
 """A BPE tokenizer with a Qwen3-like chat template, built locally (nothing is downloaded).
 
-The template's parts live in :mod:`tracerl.models.tiny_bpe` (all flags on gives its
+The template's parts live in :mod:`tracerl.testbed.tiny_bpe` (all flags on gives its
 ``QWEN3_LIKE_TEMPLATE``): ChatML markup (``<|im_start|>role\\n...<|im_end|>\\n``), tool schemas
 in the system turn, ``tool`` messages grouped into one user turn of ``<tool_response>`` blocks,
 and ``enable_thinking=false`` opening the assistant turn with an empty think block, as Qwen3 does.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerFast
 
-from tracerl.models.tiny_bpe import (
+from tracerl.testbed.tiny_bpe import (
     TEMPLATE_ASSISTANT as _ASSISTANT,
     TEMPLATE_MESSAGES as _MESSAGES,
     TEMPLATE_SYSTEM as _SYSTEM,
@@ -73,6 +73,6 @@ titled. Who founded Varo? Which river runs through Lumen? The novel was written 
 
 def chat_tokenizer(vocab_size: int = 600, template: str | None = None) -> PreTrainedTokenizerFast:
     """A byte-level BPE on :data:`TEXT` with ChatML specials and the Qwen3-like template
-    (:func:`tracerl.models.tiny_bpe.train_bpe_tokenizer`, as ``examples/make_tiny_bpe_qwen3.py``)."""
+    (:func:`tracerl.testbed.tiny_bpe.train_bpe_tokenizer`, as ``examples/make_tiny_bpe_qwen3.py``)."""
     return train_bpe_tokenizer([TEXT] * 4, vocab_size=vocab_size,
                                template=template if template is not None else qwen_like_template())

@@ -97,7 +97,7 @@ class ScriptedPolicy:
     def sync_weights(self, model_or_state, version: int) -> None:
         """Nothing to sync: the replies are scripted."""
 
-    def generate(self, prefixes, params, seeds=None):
+    def generate(self, prefixes, params, seeds=None, routing_keys=None):
         from tracerl.models.backend import Generation
 
         self.calls.append(len(prefixes))

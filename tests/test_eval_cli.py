@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tracerl.cli import app
 from tracerl.envs.synthwiki import build_world, write_world
-from tracerl.models.tiny_config import SMOKE_WORLD
+from tracerl.testbed.tiny_config import SMOKE_WORLD
 from tracerl.train.config import resolve_config
 from tracerl.train.loop import Trainer
 

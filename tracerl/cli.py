@@ -9,6 +9,7 @@ any failure. The decision is :func:`tracerl.errors.one_line`.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -16,6 +17,11 @@ import click
 import typer
 
 from tracerl.errors import UsageError, exit_code, one_line
+
+try:  # typer >= 0.20 vendors its own click: its usage errors are not click's classes
+    from typer._click import exceptions as _click_errors
+except ImportError:  # pragma: no cover - an older typer on the real click
+    from click import exceptions as _click_errors
 
 app = typer.Typer(
     name="tracerl",
@@ -31,13 +37,45 @@ _STATE: dict[str, Any] = {"debug": False, "writing": None}
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from tracerl import __version__
+
+        typer.echo(f"tracerl {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(
     debug: bool = typer.Option(False, "--debug", envvar="TRACERL_DEBUG",
                                help="Show the full traceback of any failure (also: TRACERL_DEBUG=1)."),
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
 ) -> None:
     """RL for multi-turn tool-using LLM agents (TRACE allocation and TRACE credit)."""
     _STATE["debug"] = debug
+
+
+def main(args: list[str] | None = None) -> None:
+    """The ``tracerl`` console script: :data:`app`, with click's usage errors in one line.
+
+    Typer prints a usage error as a framed panel of several lines; a script or CI log reads
+    one line better: ``tracerl train: No such option: --stpes (see tracerl train --help)``, exit 2.
+    """
+    try:
+        code = app(args=args, prog_name="tracerl", standalone_mode=False)
+    except _click_errors.UsageError as err:
+        where, message = err.ctx.command_path if err.ctx is not None else "tracerl", err.format_message()
+        if message.strip():  # empty when no arguments were given: the help was printed instead
+            typer.echo(f"{where}: {' '.join(message.split())} (see {where} --help)", err=True)
+        sys.exit(err.exit_code)
+    except _click_errors.ClickException as err:
+        typer.echo(f"tracerl: {' '.join(err.format_message().split())}", err=True)
+        sys.exit(err.exit_code)
+    except (typer.Abort, click.exceptions.Abort):
+        typer.echo("Aborted.", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def _guarded(what: str) -> Callable[[F], F]:
@@ -104,7 +142,7 @@ def env_check(
     """
     import json
 
-    from tracerl.envs.check import run_env_check
+    from tracerl.rollout.env_check import run_env_check
 
     summary = run_env_check(tasks, corpus, policy=policy, limit=limit, seed=seed)
     typer.echo(json.dumps(summary, indent=2))
@@ -157,7 +195,7 @@ def pretrain(
 ) -> None:
     """Pretrain the embedded tiny base model (or reuse the cached one) and print its folder."""
     from tracerl.models.threads import set_threads
-    from tracerl.models.tiny import pretrained_folder
+    from tracerl.testbed.tiny import pretrained_folder
 
     set_threads(threads)  # under load, torch's default thread count made pretraining ~7x slower
     _STATE["writing"] = out
@@ -237,6 +275,9 @@ def train(
     set_: list[str] = typer.Option(None, "--set", help="Override, e.g. --set optim.lr=1e-5 (repeatable)."),
     steps: int = typer.Option(None, help="Train until this many steps in total."),
     smoke: bool = typer.Option(False, help="Random tiny model on a tiny world: a sanity run in seconds."),
+    smoke_pretrained: bool = typer.Option(False, "--smoke-pretrained",
+                                          help="--smoke on the smoke-pretrained tiny model (cached): calls tools, "
+                                               "rewards some episodes, scores credit."),
     resume: str = typer.Option(None, "--resume", help="Continue the run in this folder exactly."),
     device: str = typer.Option(None, "--device", help="With --resume: continue on this device (e.g. cuda:0)."),
     trust_run_code: bool = typer.Option(False, "--trust-run-code",
@@ -255,6 +296,10 @@ def train(
     else:
         if not preset or not out:
             raise UsageError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")
+        if smoke_pretrained:
+            from tracerl.train.presets import SMOKE_PRETRAINED
+
+            smoke, set_ = True, [*SMOKE_PRETRAINED, *(set_ or [])]
         _preflight(preset, config, set_ or [], smoke)
         start = start_training(preset, out, config_file=config, overrides=set_ or [], steps=steps, smoke=smoke)
     start()
@@ -262,14 +307,9 @@ def train(
 
 def _preflight(preset: str, config_file: str | None, overrides: list[str], smoke: bool) -> None:
     """Check what a fresh run needs (config, data files, model source) before its folder exists."""
-    from tracerl.train.config import resolve_config
-    from tracerl.train.config_checks import check_model_source
-    from tracerl.train.data import check_task_files
+    from tracerl.train.preflight import checked_config
 
-    config = resolve_config(preset, config_file=config_file, overrides=overrides, smoke=smoke)
-    check_task_files(config.data)
-    note = check_model_source(config.model.name_or_path)
-    if note:
+    for note in checked_config(preset, config_file=config_file, overrides=overrides, smoke=smoke)[1]:
         typer.echo(f"note: {note}", err=True)
 
 
@@ -280,11 +320,38 @@ def config_show(
     config: str = typer.Option(None, "--config", help="YAML file layered over the preset."),
     set_: list[str] = typer.Option(None, "--set", help="Override, e.g. --set optim.lr=1e-5."),
     smoke: bool = typer.Option(False, help="Show the --smoke variant."),
+    explain: bool = typer.Option(False, "--explain", help="Comment every field with its meaning and default."),
 ) -> None:
-    """Print the fully resolved config of a preset as YAML."""
-    from tracerl.train.config import config_to_yaml, resolve_config
+    """Print the fully resolved config of a preset as YAML, after the same checks as `train`."""
+    from tracerl.train.config import config_to_yaml
+    from tracerl.train.config_docs import explained_yaml
+    from tracerl.train.preflight import checked_config
 
-    typer.echo(config_to_yaml(resolve_config(preset, config_file=config, overrides=set_ or [], smoke=smoke)))
+    resolved, notes = checked_config(preset, config_file=config, overrides=set_ or [], smoke=smoke)
+    for note in notes:
+        typer.echo(f"note: {note}", err=True)
+    typer.echo(explained_yaml(resolved) if explain else config_to_yaml(resolved), nl=False)
+
+
+@config_app.command("reference")
+@_guarded("config reference")
+def config_reference(
+    out: str = typer.Option(None, "--out", help="Write the page here (e.g. docs/reference.md) instead of stdout."),
+) -> None:
+    """Every metrics.jsonl key and every config field with default and meaning, as Markdown."""
+    from tracerl.train.reference import reference_markdown
+
+    page = reference_markdown()
+    if out is None:
+        typer.echo(page, nl=False)
+        return
+    from pathlib import Path
+
+    from tracerl.train.runfolder import write_atomic
+
+    _STATE["writing"] = out
+    write_atomic(Path(out), page.encode())
+    typer.echo(out)
 
 
 @app.command("plot")
@@ -332,4 +399,4 @@ def demo(
 
 
 if __name__ == "__main__":
-    app()
+    main()

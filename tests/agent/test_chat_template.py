@@ -47,7 +47,7 @@ class ScriptedTurns:
     def __init__(self, tokenizer, turns: list[tuple[str, bool]]) -> None:
         self.tokenizer, self.turns, self.calls, self.emitted = tokenizer, turns, 0, []
 
-    def generate(self, prefixes, params, seeds=None):
+    def generate(self, prefixes, params, seeds=None, routing_keys=None):
         text, ends = self.turns[self.calls]
         self.calls += 1
         ids = self.tokenizer.encode(text, add_special_tokens=False)

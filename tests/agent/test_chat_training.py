@@ -28,5 +28,5 @@ def test_trace_trains_a_local_checkpoint_with_its_chat_template(tmp_path: Path) 
     record = read_metrics(tmp_path / "run")[-1]
     assert record["step"] == 1 and math.isfinite(record["loss"])
     task = trainer.data.train[0]
-    prompt = trainer.engine.prompt_ids(task)
+    prompt = trainer.executor.engine.prompt_ids(task)
     assert tok.decode(prompt, skip_special_tokens=False).startswith("<|im_start|>system\nAnswer briefly.")

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from tracerl.allocation.predictor import PredictorConfig, SuccessPredictor
 from tracerl.allocation.trace_scheme import TraceScheme, uniform_prefixes
-from tracerl.rollout.schemes import SchemeConfig, get_scheme
-from tracerl.rollout.session import as_session
+from tracerl.allocation.schemes import SchemeConfig, get_scheme
+from tracerl.rollout.executor import LocalExecutor
+from tracerl.allocation.session import as_session
 from tracerl.train.config import PRESETS, resolve_config
 from tracerl.train.config_io import ConfigError
 
@@ -105,7 +106,7 @@ def test_uniform_plans_do_not_depend_on_the_predictor(setup) -> None:
 def test_every_arm_spends_the_budget_with_the_same_stage_split(setup, roots: str, prefixes: str) -> None:
     w, engine, pred_a, _ = setup
     cfg = SchemeConfig(group_size=4, trace_roots=roots, trace_prefixes=prefixes)
-    session = as_session(engine, seed=11)
+    session = as_session(LocalExecutor(engine), seed=11)
     result = get_scheme("trace", cfg, predictor=pred_a).collect(session, w.train[:8], BUDGET)
     assert result.cost.rollouts == BUDGET
     assert result.info["stage1_rollouts"] == BUDGET // 2

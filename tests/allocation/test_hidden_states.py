@@ -17,7 +17,8 @@ from tracerl.allocation.features import NUM_FEATURES, node_state
 from tracerl.allocation.predictor import PredictorConfig, SuccessPredictor, weighted_auc
 from tracerl.core.types import RolloutTree
 from tracerl.models.backend import HFPolicy, SamplingParams
-from tracerl.rollout.session import as_session
+from tracerl.rollout.executor import LocalExecutor
+from tracerl.allocation.session import as_session
 from tracerl.train.config import resolve_config
 from tracerl.train.config_io import ConfigError
 
@@ -74,7 +75,7 @@ def test_prefix_states_match_generate_and_keep_their_kv(recording) -> None:
 def test_tree_nodes_carry_the_state_of_their_prefix_through_the_executor(recording) -> None:
     w, env, policy = recording
     engine = make_engine(policy, env)
-    session = as_session(engine, seed=5)
+    session = as_session(LocalExecutor(engine), seed=5)
     trees, _ = session.start(w.train[:2], [3, 3], ["a", "b"])
     copies = {t.tree_id: t for t in trees}  # the driver's copies, rebuilt from deltas
     recorded = 0
@@ -168,12 +169,17 @@ def test_config_validates_the_option_and_rejects_vllm(monkeypatch: pytest.Monkey
 
 
 def test_deltas_serialise_states() -> None:
-    from tracerl.rollout.executor import NodeRecord, TreeDelta, from_json, to_json
+    from tracerl.core.protocol import NodeRecord, RolloutTree, TreeDelta, apply_delta, from_json, pack_floats, to_json
 
-    delta = TreeDelta("t", "q", 1, [NodeRecord(0, dataclasses.asdict(tool_turn()), [0.5, -1.0])], [], [1, 2],
-                      root_hidden=[0.25, 2.0])
-    back = from_json(TreeDelta, to_json(delta))
-    assert back.nodes[0].hidden == [0.5, -1.0] and back.root_hidden == [0.25, 2.0]
+    delta = TreeDelta("t", "q", 1, [NodeRecord(0, dataclasses.asdict(tool_turn()), pack_floats([0.5, -1.0]))], [],
+                      [1, 2], root_hidden=pack_floats([0.25, 2.0]))
+    text = to_json(delta)
+    assert "0.25" not in text  # float32 bytes (base64), not a JSON float list
+    back = from_json(TreeDelta, text)
+    assert back == delta and len(back.nodes[0].hidden) == 2 * 4
+    trees: dict[str, RolloutTree] = {}
+    tree = apply_delta(trees, back)
+    assert tree.nodes[1].hidden == [0.5, -1.0] and tree.root.hidden == [0.25, 2.0]
 
 
 def test_a_training_run_records_states_and_trains_the_hidden_predictor(tmp_path) -> None:
@@ -184,7 +190,7 @@ def test_a_training_run_records_states_and_trains_the_hidden_predictor(tmp_path)
     trainer = Trainer(resolve_config("trace_alloc_lu", smoke=True, overrides=overrides), tmp_path)
     try:
         records = [trainer.step() for _ in range(2)]
-        assert trainer.backend.record_states  # type: ignore[attr-defined]
+        assert trainer.executor.backend.record_states  # type: ignore[attr-defined]
         pred = trainer.predictor
         assert pred is not None and pred.updates == 2
         assert pred.state_dim == trainer.model.config.hidden_size

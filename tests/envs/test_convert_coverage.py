@@ -13,8 +13,8 @@ from tracerl.envs.coverage import check_tokenizer_coverage, tokenizer_coverage
 from tracerl.envs.data import Document, load_corpus, load_tasks
 from tracerl.envs.synthwiki import build_world
 from tracerl.errors import UserError
-from tracerl.models.tiny import build_tiny_tokenizer, tokenizer_for_world
-from tracerl.models.tiny_config import SMOKE_WORLD
+from tracerl.testbed.tiny import build_tiny_tokenizer, tokenizer_for_world
+from tracerl.testbed.tiny_config import SMOKE_WORLD
 
 RAW = Path(__file__).parents[1] / "data" / "raw"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tracerl.core.types import Task
-from tracerl.envs.check import run_env_check
+from tracerl.rollout.env_check import run_env_check
 from tracerl.envs.convert import convert
 from tracerl.envs.data import Document, write_corpus, write_tasks
 from tracerl.envs.search import SearchIndex, search_tools

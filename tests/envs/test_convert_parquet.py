@@ -29,7 +29,7 @@ def test_parquet_file_without_the_extra_fails_at_config_load(tmp_path, monkeypat
     monkeypatch.setattr("tracerl.train.config.parquet_available", lambda: False)
     tasks = tmp_path / "tasks.parquet"
     tasks.write_bytes(b"PAR1")
-    with pytest.raises(ConfigError, match=r"data.tasks = .*tasks.parquet.*pip install 'tracerl\[datasets\]'"):
+    with pytest.raises(ConfigError, match=r"data.tasks = .*tasks.parquet.*pip install -e '\.\[datasets\]'"):
         resolve_config("grpo", overrides=["data.source=files", f"data.tasks={tasks}",
                                           f"data.corpus={HOTPOT / 'corpus.jsonl'}"])
     monkeypatch.setattr(data_module, "parquet_available", lambda: False)
@@ -81,4 +81,4 @@ def test_train_with_parquet_and_no_extra_ends_in_one_line_and_no_run_folder(tmp_
                                       "--set", f"data.corpus={HOTPOT / 'corpus.jsonl'}"])
     assert result.exit_code != 0 and not (tmp_path / "run").exists()
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("train failed: ") and "tracerl[datasets]" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("train failed: ") and "pip install -e '.[datasets]'" in lines[0]

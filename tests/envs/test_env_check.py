@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tracerl.cli import app
-from tracerl.envs.check import run_env_check
+from tracerl.rollout.env_check import run_env_check
 from tracerl.envs.synthwiki import write_world
 
 
@@ -83,7 +83,7 @@ def test_cli_env_check_names_bad_data(tmp_path) -> None:
 def test_oracle_episode_renders_a_react_demonstration(small_world) -> None:
     from tracerl.agent.formats import get_format
     from tracerl.envs.base import ToolEnvironment
-    from tracerl.envs.check import oracle_episode
+    from tracerl.rollout.env_check import oracle_episode
     from tracerl.envs.search import SearchIndex, search_tools
 
     tools = search_tools(SearchIndex(small_world.documents, use_cache=False))

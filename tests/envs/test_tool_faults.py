@@ -3,6 +3,8 @@ tool, per-environment call counters and the run-stopping tool health check."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
 import sys
 import textwrap
@@ -108,8 +110,9 @@ def test_stats_count_calls_that_reach_a_tool_and_their_failures() -> None:
     episode.step(Action(kind="tool", name="nope", arguments={"query": "q"}))  # the policy's mistake: no call
     episode.step(call("crash"))
     stats = environment.stats.take()
+    assert stats.per_tool == {"echo": [2, 0], "crash": [1, 1]}
     assert (stats.calls, stats.failures) == (3, 1)
-    assert "ConnectionError" in stats.last_failure
+    assert "ConnectionError" in stats.last_failure["crash"] and "echo" not in stats.last_failure
     assert (environment.stats.calls, environment.stats.failures) == (0, 0)  # take() resets
 
 
@@ -125,23 +128,53 @@ def test_failed_streak_by_hand() -> None:
         failed_streak(0, 2, 3)
 
 
+def stats(**per_tool: tuple[int, int]) -> ToolStats:
+    """A step's counts, ``name=(calls, failures)``; each failing tool's last message is "<name> down"."""
+    return ToolStats({n: list(c) for n, c in per_tool.items()}, {n: f"{n} down" for n, c in per_tool.items() if c[1]})
+
+
 def test_tool_health_stops_after_the_configured_all_failed_steps() -> None:
     health = ToolHealth(max_failed_steps=3)
-    health.observe(4, 4)
-    health.observe(4, 3)  # one call worked: the tools are alive
-    health.observe(2, 2)
-    health.observe(0, 0)
-    health.observe(5, 5)
+    health.observe(stats(search=(4, 4)))
+    health.observe(stats(search=(4, 3)))  # one call worked: the tool is alive
+    health.observe(stats(search=(2, 2)))
+    health.observe(stats())
+    health.observe(stats(search=(5, 5)))
     with pytest.raises(ToolHealthError, match="data.max_failed_tool_steps = 3") as info:
-        health.observe(1, 1, "tool search raised ConnectionError: backend down")
+        health.observe(ToolStats({"search": [1, 1]}, {"search": "tool search raised ConnectionError: backend down"}))
     assert isinstance(info.value, UserError) and "backend down" in str(info.value)
     with pytest.raises(ValueError):
         ToolHealth(0)
 
 
-def test_stats_add_up() -> None:
-    total = ToolStats(2, 1, "a") + ToolStats(3, 0, "")
-    assert (total.calls, total.failures, total.last_failure) == (5, 1, "a")
+def test_a_dead_tool_stops_the_run_while_another_tool_works() -> None:
+    """On main the streak counted steps where *every* call failed: a dead search beside a working
+    open never stopped the run. Streaks by hand: search 1, 2, (not called) 2, 3 -> stop."""
+    health = ToolHealth(max_failed_steps=3)
+    health.observe(stats(search=(3, 3), open=(5, 0)))
+    health.observe(stats(search=(2, 2), open=(4, 0)))
+    health.observe(stats(open=(6, 0)))  # search not called: its streak stays at 2
+    assert health.streaks == {"search": 2, "open": 0}
+    with pytest.raises(ToolHealthError, match=r"tool 'search' failed every call in 3 consecutive steps \(1 of 1 "
+                                              r"in the last; last failure: search down\)"):
+        health.observe(stats(search=(1, 1), open=(2, 1)))  # open failed once too, but it also worked
+
+
+def test_tool_health_state_round_trips() -> None:
+    health = ToolHealth(max_failed_steps=2)
+    health.observe(stats(search=(1, 1), open=(1, 0)))
+    resumed = ToolHealth(max_failed_steps=2)
+    resumed.load_state_dict(health.state_dict())
+    with pytest.raises(ToolHealthError, match="tool 'search'"):
+        resumed.observe(stats(search=(2, 2)))
+
+
+def test_stats_add_up_per_tool_and_round_trip() -> None:
+    total = ToolStats({"search": [2, 1], "open": [1, 0]}, {"search": "a"}) + ToolStats({"search": [3, 0]}, {})
+    assert total.per_tool == {"search": [5, 1], "open": [1, 0]}
+    assert (total.calls, total.failures, total.last_failure) == (6, 1, {"search": "a"})
+    assert ToolStats(**dataclasses.asdict(total)) == total
+    assert json.loads(json.dumps(dataclasses.asdict(total))) == dataclasses.asdict(total)
 
 
 def test_engine_rollouts_feed_tool_health_until_a_dead_backend_stops_the_run() -> None:
@@ -175,7 +208,7 @@ def test_engine_rollouts_feed_tool_health_until_a_dead_backend_stops_the_run() -
     def step() -> ToolStats:
         engine.rollout(tasks, [2, 2], generator=torch.Generator().manual_seed(0))
         stats = routed.take_tool_stats()
-        health.observe(stats.calls, stats.failures, stats.last_failure)
+        health.observe(stats)
         return stats
 
     healthy = step()
@@ -183,5 +216,5 @@ def test_engine_rollouts_feed_tool_health_until_a_dead_backend_stops_the_run() -
     backend_up["value"] = False
     dead = step()
     assert dead.calls == dead.failures == 4  # each rollout ends at its first failed call
-    with pytest.raises(ToolHealthError, match="2 consecutive steps .*search backend went away"):
+    with pytest.raises(ToolHealthError, match="tool 'search' failed every call in 2 consecutive steps .*search backend went away"):
         step()

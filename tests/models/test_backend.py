@@ -6,7 +6,8 @@ import pytest
 import torch
 from helpers_tiny import bpe_tokenizer, tiny_model
 
-from tracerl.models.backend import HFPolicy, PolicyBackend, SamplingParams, encode_prompt, sample_next
+from tracerl.agent.formats import encode_prompt
+from tracerl.models.backend import HFPolicy, PolicyBackend, SamplingParams, sample_next
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ from helpers_tiny import bpe_tokenizer, tiny_model
 
 from tracerl.models import factory
 from tracerl.models.backend import HFPolicy, SamplingParams
-from tracerl.models.sampling import derive_seed, row_uniforms, sample_next_seeded
+from tracerl.core.seeds import derive_seed
+from tracerl.models.sampling import row_uniforms, sample_next_seeded
 from tracerl.train.config import ModelConfig
 
 
@@ -87,7 +88,7 @@ def test_make_backend_builds_hf_and_names_the_vllm_extra(tok, monkeypatch: pytes
     monkeypatch.setattr(factory, "vllm_available", lambda: False)
     cfg = ModelConfig()
     cfg.backend = "vllm"  # set after validation: the factory checks again
-    with pytest.raises(ValueError, match=r"pip install 'tracerl\[vllm\]' \(or make vllm\)"):
+    with pytest.raises(ValueError, match=r"pip install -e '\.\[vllm\]' \(or make vllm\)"):
         factory.make_backend(cfg, model, tok)
 
 

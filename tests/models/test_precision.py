@@ -9,7 +9,8 @@ import torch
 from helpers_tiny import SENTENCES, tiny_model, word_tokenizer
 
 from tracerl.agent.formats import get_format
-from tracerl.models.loading import load_model, load_policy_state
+from tracerl.models.loading import load_policy_state
+from tracerl.testbed.loading import load_model
 from tracerl.models.precision import compute_context, grad_scaler
 from tracerl.models.scoring import ReferenceScorer
 from tracerl.train.config import ConfigError, resolve_config

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tracerl.agent.formats import get_format
 from tracerl.core.types import Action
 from tracerl.envs.synthwiki import build_world
-from tracerl.models.tiny import (
+from tracerl.testbed.tiny import (
     TinyModelConfig,
     build_tiny_tokenizer,
     get_preset,
@@ -24,8 +24,8 @@ from tracerl.models.tiny import (
     pretrain_tiny_model,
     random_tiny_model,
 )
-from tracerl.models.tiny_data import ExplorerConfig, Sample, WorldTools, explore, vocabulary_texts
-from tracerl.models.tiny_train import collate, lr_at, pack_rows
+from tracerl.testbed.tiny_data import ExplorerConfig, Sample, WorldTools, explore, vocabulary_texts
+from tracerl.testbed.tiny_train import collate, lr_at, pack_rows
 
 # Tiny models are dominated by per-op overhead; with other processes on 2 cores, two intra-op
 # threads spin against each other (the smoke pretraining took 7.5 s on 2 threads, 0.15 s on 1).

@@ -1,4 +1,4 @@
-"""The small local BPE Qwen3 (tracerl/models/tiny_bpe.py): what it saves loads as a checkpoint
+"""The small local BPE Qwen3 (tracerl/testbed/tiny_bpe.py): what it saves loads as a checkpoint
 whose template the ``chat`` format accepts, and its tokenizer reads any text."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tracerl.agent.chat_template import ChatTemplateFormat
 from tracerl.envs.coverage import check_tokenizer_coverage
 from tracerl.envs.data import load_corpus, load_tasks
-from tracerl.models.tiny_bpe import QWEN3_LIKE_TEMPLATE, build_bpe_qwen3, count_parameters, texts_from_files
+from tracerl.testbed.tiny_bpe import QWEN3_LIKE_TEMPLATE, build_bpe_qwen3, count_parameters, texts_from_files
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "hotpotqa"
 

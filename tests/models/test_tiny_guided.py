@@ -10,8 +10,8 @@ import pytest
 from tracerl.agent.formats import get_format
 from tracerl.envs.synthwiki import build_world
 from tracerl.envs.verifiers import exact_match
-from tracerl.models.tiny_config import PRESETS, SMOKE_WORLD, TinyModelConfig
-from tracerl.models.tiny_data import ExplorerConfig, WorldTools, demonstrate, explore
+from tracerl.testbed.tiny_config import PRESETS, SMOKE_WORLD, TinyModelConfig
+from tracerl.testbed.tiny_data import ExplorerConfig, WorldTools, demonstrate, explore
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from tracerl.envs.base import EnvConfig, Observation, ToolEnvironment
 from tracerl.envs.tools import ToolSet
 from tracerl.envs.verifiers import exact_match
 from tracerl.models.backend import HFPolicy
-from tracerl.rollout.engine import EngineConfig, RolloutCost, RolloutEngine
+from tracerl.core.protocol import RolloutCost
+from tracerl.rollout.engine import EngineConfig, RolloutEngine
 
 FMT = get_format("react")
 @pytest.fixture(scope="module")

@@ -18,11 +18,11 @@ from tracerl.core.types import RolloutTree
 from tracerl.envs.verifiers import exact_match
 from tracerl.models.backend import HFPolicy
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
-from tracerl.rollout.executor import (
+from tracerl.core.protocol import (
     ExpandRequest,
-    LocalExecutor,
     NodeRecord,
     RolloutResult,
+    ScoreRequest,
     ScoreResult,
     StartRequest,
     TreeDelta,
@@ -32,8 +32,9 @@ from tracerl.rollout.executor import (
     task_record,
     to_json,
 )
-from tracerl.rollout.schemes import SchemeConfig, TreeRandomScheme, expandable_nodes
-from tracerl.rollout.session import RolloutSession
+from tracerl.rollout.executor import LocalExecutor
+from tracerl.allocation.schemes import SchemeConfig, TreeRandomScheme, expandable_nodes
+from tracerl.allocation.session import RolloutSession
 
 def _engine(tok, env, cache: bool = True) -> RolloutEngine:
     policy = HFPolicy(tiny_model(len(tok), seed=4), tok, prefix_cache_bytes=256 * 2**20 if cache else 0)
@@ -122,23 +123,20 @@ def test_trajectories_do_not_depend_on_the_batch(tok, env, world) -> None:
 
 
 def test_readiness_is_the_executors_score_call(tok, env, world) -> None:
-    def score(trees, tasks) -> None:  # readable stand-in for ReferenceScorer.score
-        for tree in trees:
-            assert tree.task_id in tasks
-            for leaf, traj in tree.trajectories.items():
-                traj.readiness = [-float(leaf)] * (traj.num_transitions + 1)
-                tree.nodes[leaf].readiness = -float(leaf)
+    def score(requests):  # readable stand-in for ReferenceScorer.score_nodes: l = -node id
+        assert all(r.gold == world.train[0].gold for r in requests)
+        return ScoreResult(nodes={r.tree_id: {str(n): -float(n) for n in r.node_ids} for r in requests})
 
     engine = _engine(tok, env)
     session = RolloutSession(LocalExecutor(engine, score), seed=1)
     (tree,), _ = session.start(world.train[:1], [3], ["r"])
     assert all(t.readiness is None for t in tree.trajectories.values())
     session.score([tree])
-    for leaf, traj in tree.trajectories.items():
-        assert traj.readiness == [-float(leaf)] * (traj.num_transitions + 1)
-    _same_tree(tree, engine.tree("r"))
+    for traj in tree.trajectories.values():
+        nodes = [traj.node_path[0]] + [traj.node_path[i + 1] for i, t in enumerate(traj.turns) if t.is_transition]
+        assert traj.readiness == [-float(n) for n in nodes]
     with pytest.raises(ValueError, match="no reference scorer"):
-        RolloutSession(LocalExecutor(engine), seed=1).score([tree])
+        LocalExecutor(engine).score([ScoreRequest("r", tree.task_id, "x", [0], [[1]])])
 
 
 def test_planners_emit_the_same_plan_for_the_same_snapshot(tok, env, world) -> None:

@@ -17,7 +17,8 @@ from tracerl.envs.tools import ToolSet
 from tracerl.envs.verifiers import exact_match
 from tracerl.models.backend import HFPolicy
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
-from tracerl.rollout.executor import ExpandRequest, LocalExecutor, StartRequest, task_record, to_json
+from tracerl.core.protocol import ExpandRequest, StartRequest, task_record, to_json
+from tracerl.rollout.executor import LocalExecutor
 from tracerl.rollout.independent import streams_requests
 from tracerl.train.config import ConfigError, resolve_config
 
@@ -36,10 +37,10 @@ class NewestFirstStream:
         self.on_poll = on_poll
         self.aborted: list[str] = []
 
-    def generate(self, prefixes, params, seeds=None):
+    def generate(self, prefixes, params, seeds=None, routing_keys=None):
         return self.backend.generate(prefixes, params, seeds)
 
-    def submit(self, prefix, params, seed) -> str:
+    def submit(self, prefix, params, seed, routing_key=None) -> str:
         self.queue.append((str(next(self.ids)), list(prefix), params, seed))
         return self.queue[-1][0]
 
@@ -73,7 +74,8 @@ def _start_and_branch(engine: RolloutEngine, tasks) -> tuple[list[dict], list[fl
         if engine.can_expand(delta.tree_id, node):
             requests.append(ExpandRequest(delta.tree_id, node, 2, seed=6))
     expanded = executor.expand(requests)
-    records = [json.loads(to_json(r)) for r in (started, expanded)]
+    records = [{"deltas": json.loads(to_json(r))["deltas"], "cost": (r.rollouts, r.generated_tokens)}
+               for r in (started, expanded)]  # not the call's seconds and backend counters
     logprobs: list[float] = []
     for record in records:
         for delta in record["deltas"]:
@@ -94,7 +96,7 @@ def test_independent_trees_equal_lockstep_trees(env, world, tok) -> None:
     assert streams_requests(stream) and not streams_requests(policy)
     rows: list[int] = []
     counted = NewestFirstStream(policy)
-    counted.generate = lambda prefixes, params, seeds=None: rows.append(len(prefixes)) or policy.generate(prefixes, params, seeds)
+    counted.generate = lambda prefixes, params, seeds=None, routing_keys=None: rows.append(len(prefixes)) or policy.generate(prefixes, params, seeds)
     lock, lock_lp = _start_and_branch(_engine(counted, env, "lockstep"), world.train[:3])
     engine = _engine(stream, env, "independent")
     ind, ind_lp = _start_and_branch(engine, world.train[:3])

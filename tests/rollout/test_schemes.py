@@ -17,8 +17,9 @@ from alloc_world import make_engine, make_env, shared  # noqa: E402
 from tracerl.allocation.predictor import SuccessPredictor  # noqa: E402
 from tracerl.core.allocation import allocate_prefixes, allocate_roots  # noqa: E402
 from tracerl.core.types import RolloutTree  # noqa: E402
-from tracerl.models.backend import encode_prompt  # noqa: E402
-from tracerl.rollout.schemes import (  # noqa: E402
+from tracerl.agent.formats import encode_prompt  # noqa: E402
+from tracerl.rollout.executor import LocalExecutor  # noqa: E402
+from tracerl.allocation.schemes import (  # noqa: E402
     SCHEME_NAMES,
     SchemeConfig,
     effective_ratio,
@@ -46,7 +47,7 @@ def _assistant_tokens(trees: list[RolloutTree]) -> int:
 @pytest.mark.parametrize("name", SCHEME_NAMES)
 def test_every_scheme_spends_exactly_the_budget(setup, name: str) -> None:
     w, engine = setup
-    result = get_scheme(name, SchemeConfig(), predictor=SuccessPredictor()).collect(engine, w.train, BUDGET, _gen())
+    result = get_scheme(name, SchemeConfig(), predictor=SuccessPredictor()).collect(LocalExecutor(engine), w.train, BUDGET, _gen())
     assert result.cost.rollouts == BUDGET
     leaves = sum(len(t.leaves()) for t in result.trees)
     if name == "dapo":  # dropped groups were sampled and paid for, but are not returned
@@ -64,7 +65,7 @@ def test_every_scheme_spends_exactly_the_budget(setup, name: str) -> None:
 @pytest.mark.parametrize("name", ["tree_random", "trace"])
 def test_branches_start_only_after_observations(setup, name: str) -> None:
     w, engine = setup
-    result = get_scheme(name, SchemeConfig()).collect(engine, w.train, BUDGET, _gen(1))
+    result = get_scheme(name, SchemeConfig()).collect(LocalExecutor(engine), w.train, BUDGET, _gen(1))
     assert result.expansions
     branched = 0
     for tree in result.trees:
@@ -81,15 +82,15 @@ def test_branches_start_only_after_observations(setup, name: str) -> None:
 
 def test_uneven_budget_is_still_spent_exactly(setup) -> None:
     w, engine = setup
-    assert get_scheme("tree_random").collect(engine, w.train, 19, _gen()).cost.rollouts == 19
-    assert get_scheme("trace").collect(engine, w.train, 19, _gen()).cost.rollouts == 19
+    assert get_scheme("tree_random").collect(LocalExecutor(engine), w.train, 19, _gen()).cost.rollouts == 19
+    assert get_scheme("trace").collect(LocalExecutor(engine), w.train, 19, _gen()).cost.rollouts == 19
 
 
 def test_trace_with_a_constant_predictor_allocates_uniformly(setup) -> None:
     w, engine = setup
     cfg = SchemeConfig(group_size=4)
-    plain = get_scheme("trace", cfg).collect(engine, w.train, BUDGET, _gen(2))
-    cold = get_scheme("trace", cfg, predictor=SuccessPredictor()).collect(engine, w.train, BUDGET, _gen(2))
+    plain = get_scheme("trace", cfg).collect(LocalExecutor(engine), w.train, BUDGET, _gen(2))
+    cold = get_scheme("trace", cfg, predictor=SuccessPredictor()).collect(LocalExecutor(engine), w.train, BUDGET, _gen(2))
     assert plain.expansions == cold.expansions
     assert [len(t.leaves()) for t in plain.trees] == [len(t.leaves()) for t in cold.trees]
     # Stage 1: 16 rollouts in groups of 4 on the first 4 prompts, in pool order.
@@ -120,7 +121,7 @@ def test_trace_stages_follow_the_allocation_math(setup) -> None:
     values = pred.predict_roots([t.id for t in pool], prompts)
     assert max(values) - min(values) > 1e-6
     counts = allocate_roots(values, BUDGET // 2)
-    result = get_scheme("trace", cfg, predictor=pred).collect(engine, pool, BUDGET, _gen(6))
+    result = get_scheme("trace", cfg, predictor=pred).collect(LocalExecutor(engine), pool, BUDGET, _gen(6))
     chosen = [i for i, c in enumerate(counts) if c]
     assert [t.task_id for t in result.trees] == [pool[i].id for i in chosen]
     extra = {tid: 0 for tid in (t.tree_id for t in result.trees)}
@@ -154,7 +155,7 @@ def test_a_selected_prompt_gets_a_full_group_unless_told_otherwise(setup) -> Non
     assert SchemeConfig(group_size=4, trace_min_per_prompt=2).min_per_prompt == 2
     w, engine = setup
     pred = _trained_predictor(w, engine)
-    result = get_scheme("trace", SchemeConfig(group_size=4), predictor=pred).collect(engine, w.train[:8], BUDGET, _gen(7))
+    result = get_scheme("trace", SchemeConfig(group_size=4), predictor=pred).collect(LocalExecutor(engine), w.train[:8], BUDGET, _gen(7))
     assert result.trees and all(len(t.root.children) >= 4 for t in result.trees)
     assert result.cost.rollouts == BUDGET
 
@@ -162,7 +163,7 @@ def test_a_selected_prompt_gets_a_full_group_unless_told_otherwise(setup) -> Non
 def test_trace_spends_budget_without_anchors_on_root_rollouts() -> None:
     w, _, policy = shared()
     engine = make_engine(policy, make_env(w, max_turns=1), max_turns=1)  # one turn: no boundaries
-    result = get_scheme("trace").collect(engine, w.train, 20, _gen())
+    result = get_scheme("trace").collect(LocalExecutor(engine), w.train, 20, _gen())
     assert result.info["anchors"] == 0
     assert result.info["root_topup"] == 10
     assert result.cost.rollouts == 20 and sum(len(t.leaves()) for t in result.trees) == 20
@@ -171,7 +172,7 @@ def test_trace_spends_budget_without_anchors_on_root_rollouts() -> None:
 def test_dapo_with_a_target_stops_early_and_counts_every_wave(setup) -> None:
     w, engine = setup
     cfg = SchemeConfig(group_size=4, dapo_target_groups=2)
-    result = get_scheme("dapo", cfg).collect(engine, w.train, 64, _gen(3))
+    result = get_scheme("dapo", cfg).collect(LocalExecutor(engine), w.train, 64, _gen(3))
     assert len(result.trees) <= 2
     assert result.cost.rollouts == 4 * result.consumed <= 64
     assert result.info["dropped_groups"] + len(result.trees) <= result.consumed
@@ -197,15 +198,15 @@ def test_bad_requests_fail_clearly(setup) -> None:
     with pytest.raises(ValueError, match="unknown rollout scheme .grpo.; valid: chain, dapo, trace, tree_random"):
         get_scheme("grpo")
     with pytest.raises(ValueError, match="multiple of group_size"):
-        get_scheme("chain").collect(engine, w.train, 30)
+        get_scheme("chain").collect(LocalExecutor(engine), w.train, 30)
     with pytest.raises(ValueError, match="pool holds 2"):
-        get_scheme("chain").collect(engine, w.train[:2], 32)
+        get_scheme("chain").collect(LocalExecutor(engine), w.train[:2], 32)
     with pytest.raises(ValueError, match="trace_stage1_fraction"):
         SchemeConfig(trace_stage1_fraction=0.0)
     with pytest.raises(ValueError, match="trace_max_per_prompt"):
         SchemeConfig(trace_min_per_prompt=3, trace_max_per_prompt=2)
     with pytest.raises(ValueError, match="budget"):
-        get_scheme("trace").collect(engine, w.train, 0)
+        get_scheme("trace").collect(LocalExecutor(engine), w.train, 0)
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -214,5 +215,5 @@ def test_any_budget_is_spent_exactly(setup, budget: int, fraction: float, cap: i
     w, engine = setup
     cfg = SchemeConfig(trace_stage1_fraction=fraction, trace_min_per_prompt=2, trace_max_per_prompt=cap, trace_rounds=2)
     for name in ("tree_random", "trace"):
-        result = get_scheme(name, cfg).collect(engine, w.train, budget, _gen(budget))
+        result = get_scheme(name, cfg).collect(LocalExecutor(engine), w.train, budget, _gen(budget))
         assert result.cost.rollouts == budget == sum(len(t.leaves()) for t in result.trees)

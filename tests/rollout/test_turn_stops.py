@@ -43,7 +43,7 @@ class StreamPolicy:
     def sync_weights(self, model_or_state, version: int) -> None:
         """Nothing to sync: the turns are planned."""
 
-    def generate(self, prefixes, params, seeds=None) -> list[Generation]:
+    def generate(self, prefixes, params, seeds=None, routing_keys=None) -> list[Generation]:
         self.calls.append(list(seeds or []))
         return [self._one(list(prefix), params) for prefix in prefixes]
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
-from tracerl.models.tiny import build_tiny_tokenizer
+from tracerl.testbed.tiny import build_tiny_tokenizer
 from tracerl.train.checkpoint import (
     LATEST,
     CheckpointError,

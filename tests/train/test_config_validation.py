@@ -139,7 +139,7 @@ def test_resume_does_not_need_the_original_model_source(tmp_path: Path) -> None:
 def test_missing_logger_extras_fail_at_load(monkeypatch: pytest.MonkeyPatch, flag: str, module: str) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
-    assert f"pip install tracerl[{flag}]" in rejects(f"log.{flag}=true")
+    assert f"pip install -e '.[{flag}]'" in rejects(f"log.{flag}=true")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == module else real(name, *a))
     assert getattr(resolve_config("grpo", overrides=[f"log.{flag}=true"]).log, flag) is True
 
@@ -175,7 +175,7 @@ def test_reference_backend_is_validated_at_config_load(monkeypatch: pytest.Monke
     present = {"vllm": False, "peft": True}  # found (not imported) or not, whatever this venv holds
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: (object() if present[name] else None) if name in present else real(name, *a))
-    with pytest.raises(ConfigError, match=r"algo.reference_backend = 'vllm' needs vLLM: pip install 'tracerl\[vllm\]'"):
+    with pytest.raises(ConfigError, match=r"algo.reference_backend = 'vllm' needs vLLM: pip install -e '\.\[vllm\]'"):
         resolve_config("trace", overrides=["algo.reference_backend=vllm"])
     present["vllm"] = True  # found (not imported): the config loads
     assert resolve_config("trace", overrides=["algo.reference_backend=vllm"]).algo.reference_backend == "vllm"

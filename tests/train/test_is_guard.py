@@ -14,7 +14,7 @@ from tracerl.train.config import ConfigError, ModelConfig, resolve_config
 from tracerl.train.loop import Trainer
 from tracerl.train.update import UpdateSettings, token_logprobs, with_trainer_logprobs
 
-VLLM_HINT = r"model.backend = 'vllm' needs vLLM: pip install 'tracerl\[vllm\]' \(or make vllm\)"
+VLLM_HINT = r"model.backend = 'vllm' needs vLLM: pip install -e '\.\[vllm\]' \(or make vllm\)"
 
 
 def _hide_vllm(monkeypatch: pytest.MonkeyPatch, present: bool) -> None:
@@ -76,7 +76,7 @@ def test_hf_backend_always_recomputes_with_near_zero_mismatch(tmp_path: Path) ->
                                                            "optim.recompute_old_logprobs=always"])
     with Trainer(config, tmp_path / "always") as trainer:
         (record,) = trainer.run()
-        assert trainer.backend.version == 1  # the trainer synced the backend after its one update
+        assert trainer.executor.backend.version == 1  # the trainer synced the backend after its one update
     assert record["logprob_mismatch_mean_abs"] < 1e-4 and record["logprob_mismatch_max"] < 1e-4
     auto = resolve_config("grpo", smoke=True, overrides=["steps=1", "eval.every=0", "eval.size=2"])
     with Trainer(auto, tmp_path / "auto") as trainer:

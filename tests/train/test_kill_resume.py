@@ -37,8 +37,8 @@ CHEAP = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=an
 def _pretrained() -> None:
     """Pretrain the smoke tiny model up front: pretraining inside a Trainer consumes random draws,
     so the first run of a session would not equal a later rerun of the same config."""
-    from tracerl.models.tiny import load_or_pretrain
-    from tracerl.models.tiny_config import get_preset
+    from tracerl.testbed.tiny import load_or_pretrain
+    from tracerl.testbed.tiny_config import get_preset
 
     load_or_pretrain(get_preset("smoke"))
 
@@ -106,7 +106,7 @@ def test_a_kill_before_the_first_checkpoint_then_fresh_start_is_refused_and_resu
 def test_a_stale_initial_of_another_model_is_never_reused(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from tracerl.models.tiny import build_tiny_tokenizer
+    from tracerl.testbed.tiny import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer(["an unrelated vocabulary"])
     other = AutoModelForCausalLM.from_config(Qwen3Config(

@@ -121,7 +121,7 @@ def test_trained_tokens_count_every_optimiser_step_of_a_batch(tmp_path: Path) ->
 def test_evaluation_leaves_no_prefix_kv_for_the_next_training_step(tmp_path: Path) -> None:
     """A resumed run starts with an empty prefix store, so evaluation must not hand its KV to training."""
     trainer = Trainer(smoke_config("grpo", "steps=1"), tmp_path)
-    store = trainer.backend.store
+    store = trainer.executor.backend.store
     assert store is not None
     added = []
     original = store.add

@@ -1,4 +1,4 @@
-"""Learning-curve plots: compact tick labels, EMA smoothing, the step-0 point, six panels."""
+"""Learning-curve plots: compact tick labels, EMA smoothing, the step-0 point, six panels, the reward caveat."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from tracerl.cli import app
@@ -47,3 +48,17 @@ def test_plot_writes_a_png_and_rejects_bad_smoothing(tmp_path: Path) -> None:
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="--smooth must be in"):
         plot_runs([run], tmp_path / "d.png", smooth=1.5)
+
+
+def test_the_training_reward_panel_says_accuracy_is_the_comparison(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    drawn: list[Figure] = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: drawn.append(self))
+    plot_runs([run], tmp_path / "c.png")
+    (figure,) = drawn
+    titles = {ax.get_title().split("\n")[0]: " ".join(ax.get_title().split()) for ax in figure.axes}
+    assert titles["Training reward"] == ("Training reward (depends on which prompts were chosen: TRACE picks "
+                                         "easier ones; compare held-out accuracy)")
+    assert titles["Accuracy vs tokens"] == "Accuracy vs tokens"  # the comparison panels carry no caveat

@@ -127,7 +127,7 @@ def test_thread_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_pretraining_cache_removes_temps_of_dead_processes(tmp_path: Path) -> None:
-    from tracerl.models.tiny import LEGACY_TEMP_AGE_S, remove_dead_temps
+    from tracerl.testbed.tiny import LEGACY_TEMP_AGE_S, remove_dead_temps
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()

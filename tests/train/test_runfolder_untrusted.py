@@ -280,7 +280,7 @@ def test_every_plugin_field_is_scanned() -> None:
 
 def _prune_on_load(run: Path, monkeypatch: pytest.MonkeyPatch, times: int) -> list[str]:
     """Make the first ``times`` model loads find their checkpoint pruned by a 'live run'."""
-    import tracerl.models.loading as loading
+    import tracerl.testbed.loading as loading
 
     real, seen = loading.load_model, []
 

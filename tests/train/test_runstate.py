@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from tracerl.models.tiny import build_tiny_tokenizer
+from tracerl.testbed.tiny import build_tiny_tokenizer
 from tracerl.train import metrics as metrics_module
 from tracerl.train import runfolder
 from tracerl.train.checkpoint import (

@@ -105,7 +105,7 @@ def test_lora_without_peft_fails_at_config_load(monkeypatch) -> None:
     import tracerl.train.config as config_module
 
     monkeypatch.setattr(config_module, "peft_available", lambda: False)
-    with pytest.raises(ConfigError, match=r"model.lora.r > 0 needs peft: pip install 'tracerl\[lora\]'"):
+    with pytest.raises(ConfigError, match=r"model.lora.r > 0 needs peft: pip install -e '\.\[lora\]'"):
         resolve_config("grpo", overrides=["model.lora.r=8"])
     assert resolve_config("grpo", overrides=["model.lora.r=0"]).model.lora.r == 0
     with pytest.raises(ConfigError, match="model.lora.r must be >= 0"):

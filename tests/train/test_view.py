@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -15,55 +16,9 @@ import torch
 from typer.testing import CliRunner
 
 from tracerl.cli import app
-from tracerl.core.advantages import _spread
-from tracerl.core.types import Action, RolloutTree, Task, Trajectory, Turn
 from tracerl.train.rollout_log import RolloutLog, logged_steps, read_step, step_file
 from tracerl.train.view import ViewError, render_run
-
-TASK = Task(id="t1", question="Where was Ada born?", answers=("Lumen",))
-
-
-def _turn(kind: str, text: str, observation: str = "", n: int = 2) -> Turn:
-    action = Action(kind="answer", answer=text) if kind == "answer" else Action(kind="tool", name="search")
-    return Turn(assistant_ids=list(range(n)), observation_ids=[9] * (3 if observation else 0), text=text,
-                action=action, observation=observation)
-
-
-def branching_tree() -> tuple[RolloutTree, list[Trajectory]]:
-    """Root -> search (node 1) -> two answers: 'Lumen' (node 2, reward 1) and 'Varo' (node 3, reward 0).
-
-    Readiness: l_0 = -2.0 at the prompt, l_1 = -0.5 after the search (credit +1.5).
-    """
-    tree = RolloutTree(tree_id="t1@0", task_id="t1", prompt_ids=[1, 2, 3])
-    search = tree.add_child(0, _turn("tool", "Action: search[Ada]", "Ada Stone was born in Lumen."))
-    trajs = []
-    for answer, reward in (("Lumen", 1.0), ("Varo", 0.0)):
-        leaf = tree.add_child(search, _turn("answer", f"Action: answer[{answer}]"))
-        traj = Trajectory(task_id="t1", group_id="t1", prompt_ids=[1, 2, 3],
-                          turns=[tree.nodes[search].turn, tree.nodes[leaf].turn],  # type: ignore[list-item]
-                          answer=answer, reward=reward, readiness=[-2.0, -0.5])
-        tree.add_leaf(leaf, traj)
-        trajs.append(traj)
-    tree.nodes[0].readiness, tree.nodes[search].readiness = -2.0, -0.5
-    return tree, trajs
-
-
-class ConstantPredictor:
-    """A stand-in with the predictor's public API: P(success) = 0.1 * (node id + 1)."""
-
-    def predict_nodes(self, trees, node_ids):  # noqa: ANN001, ANN201
-        return [0.1 * (n + 1) for n in node_ids]
-
-
-def write_run(run_dir: Path, steps: int = 2) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log = RolloutLog(run_dir, {"t1": TASK})
-    for step in range(1, steps + 1):
-        tree, trajs = branching_tree()
-        advantages = [_spread(t, torch.tensor([0.5, a])) for t, a in zip(trajs, (1.0, -1.0))]
-        log.write(step, [tree], advantages, ConstantPredictor())
-    lines = [{"step": s, "reward_mean": 0.5, "loss": 0.25 * s, "rollouts": 2} for s in range(1, steps + 1)]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+from view_fixtures import C_LOSS, C_WIN, OPTIONS, TASK, V1, branching_tree, wide_tree, write_run
 
 
 def test_rollout_record_holds_the_tree_readiness_advantage_and_predictor(tmp_path: Path) -> None:
@@ -79,8 +34,24 @@ def test_rollout_record_holds_the_tree_readiness_advantage_and_predictor(tmp_pat
     assert [n["predictor"] for n in nodes] == pytest.approx([0.1, 0.2, 0.3, 0.4])
     assert [n["readiness"] for n in nodes] == [-2.0, -0.5, None, None]
     wins = [t for t in record["trajectories"] if t["reward"] == 1.0]
-    assert wins[0]["readiness"] == [-2.0, -0.5] and wins[0]["turn_advantage"] == [0.5, 1.0]
+    # search turn: w_out * A (+1, no anchor above it) + w_turn * c_0; answer turn: A + the anchor's +1
+    assert wins[0]["readiness"] == [-2.0, -0.5]
+    assert wins[0]["turn_advantage"] == pytest.approx([1.0 + 0.2 * C_WIN, 2.0], abs=1e-5)
     assert wins[0]["node_path"] == [0, 1, 2]
+
+
+def test_record_holds_the_values_and_credit_the_estimator_used(tmp_path: Path) -> None:
+    write_run(tmp_path, steps=1)
+    (record,) = read_step(tmp_path, 1)
+    win, loss = sorted(record["trajectories"], key=lambda t: -t["reward"])
+    assert (win["outcome_advantage"], loss["outcome_advantage"]) == (1.0, -1.0)
+    assert win["values"] == pytest.approx([0.0, V1], abs=1e-5) and loss["values"] == win["values"]
+    assert win["credit"] == pytest.approx([C_WIN], abs=1e-5) and loss["credit"] == pytest.approx([C_LOSS], abs=1e-5)
+    assert record["credit_options"] == {"value": "log_ratio", "eps": 0.1, "horizon": 3, "gamma": 0.8,
+                                        "terminal_scale": 2.0, "w_out": 1.0, "w_turn": 0.2}
+    write_run(tmp_path / "off", steps=1, credit=None)  # algo.credit off: nothing to record
+    (off,) = read_step(tmp_path / "off", 1)
+    assert off["credit_options"] is None and off["trajectories"][0]["credit"] is None
 
 
 def test_record_and_page_show_the_decoded_prompt(tmp_path: Path) -> None:
@@ -136,12 +107,56 @@ def test_pages_show_nodes_rewards_credit_and_link_steps(tmp_path: Path) -> None:
     assert page.classes.count("win") == 1 and page.classes.count("loss") == 1 and page.classes.count("branch") == 1
     assert "reward 1.000" in text and "reward 0.000" in text
     assert "l=-0.500" in text and "V=0.200" in text
-    assert "1.500" in text  # credit l_1 - l_0 = -0.5 - (-2.0)
     assert page.external == []  # self-contained: no script or stylesheet from elsewhere
     listing = _Collect()
     listing.feed(index.read_text())
     assert listing.links == ["step-000001.html", "step-000002.html"]
     assert "0.5000" in " ".join(listing.text)  # step 2's loss
+
+
+def _cells(html: str, name: str) -> list[str]:
+    return re.findall(rf'<td class="{name}"[^>]*>([^<]*)</td>', html)
+
+
+def test_the_table_shows_l_v_c_and_token_advantage_under_their_names(tmp_path: Path) -> None:
+    write_run(tmp_path / "run", steps=1)
+    html = (render_run(tmp_path / "run").parent / "step-000001.html").read_text()
+    for name in ("l<sub>k+1</sub> readiness after", "V<sub>k+1</sub> value after", "c<sub>k</sub> credit",
+                 "token advantage", "A<sub>out</sub> outcome advantage"):
+        assert f"<th>{name}</th>" in html
+    assert _cells(html, "outcome") == ["1.000", "-1.000"] and _cells(html, "k") == ["0", "\u2013"] * 2
+    assert "\u0394l" not in html and "1.500" not in html  # the raw readiness difference is no column
+    # rows: win's search and answer turn, then loss's; the answer turn has no l, V or c of its own
+    assert _cells(html, "readiness") == ["-0.500", "\u2013", "-0.500", "\u2013"]
+    assert _cells(html, "value") == [f"{V1:.3f}", "\u2013"] * 2 == ["1.253", "\u2013", "1.253", "\u2013"]
+    assert _cells(html, "credit") == [f"{C_WIN:.3f}", "\u2013", f"{C_LOSS:.3f}", "\u2013"]
+    assert _cells(html, "credit")[::2] == ["2.853", "-0.347"]
+    assert _cells(html, "advantage") == [f"{1 + 0.2 * C_WIN:.3f}", "2.000", f"{-1 + 0.2 * C_LOSS:.3f}", "-2.000"]
+    assert "K = 3" in html and "&kappa; = 2.00" in html  # the legend names the options used
+
+
+def test_step_page_has_a_contents_table_and_folded_trees(tmp_path: Path) -> None:
+    log = RolloutLog(tmp_path, {"t1": TASK}, credit=OPTIONS)
+    trees = [branching_tree()[0] for _ in range(3)]
+    for i, tree in enumerate(trees):
+        tree.tree_id = f"t1@{i}"
+    log.write(1, trees, [torch.zeros(len(t.token_ids)) for tree in trees for t in tree.trajectories.values()])
+    html = (render_run(tmp_path).parent / "step-000001.html").read_text()
+    toc = re.findall(r'<tr class="toc"><td class="l"><a href="#(tree-\d+)">', html)
+    assert toc == ["tree-0", "tree-1", "tree-2"]
+    assert re.findall(r'<details class="rollout-tree" id="(tree-\d+)">', html) == toc  # folded until opened
+    assert html.count('<tr class="toc">') == 3 and "<td>4</td><td>2</td><td>1</td><td>1</td>" in html
+
+
+def test_index_lists_the_credit_and_predictor_metrics(tmp_path: Path) -> None:
+    write_run(tmp_path, steps=1)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(
+        {"step": 1, "reward_mean": 0.5, "readiness_gain_mean": 1.5, "predictor_brier": 0.125,
+         "predictor_auc": 0.75, "kl": 0.01}) + "\n")
+    html = render_run(tmp_path).read_text()
+    heads = re.findall(r"<th>([^<]*)</th>", html)
+    assert heads[-3:] == ["readiness_gain_mean", "predictor_auc", "predictor_brier"]
+    assert "<td>1.5000</td><td>0.7500</td><td>0.1250</td>" in html
 
 
 def test_view_errors_are_one_line(tmp_path: Path) -> None:
@@ -176,3 +191,31 @@ def test_chromium_renders_the_tree(tmp_path: Path) -> None:
     pixels = Image.open(shot).convert("L")
     low, high = pixels.getextrema()
     assert high - low > 100  # text and cards on the page, not a blank canvas
+
+
+def _content_bottom(shot: Path) -> int:
+    """The lowest pixel row holding anything darker than the page background (#fafafa)."""
+    from PIL import Image
+
+    image = Image.open(shot).convert("L")
+    px = image.load()
+    width, height = image.size
+    return max((y for y in range(height) if any(px[x, y] < 240 for x in range(0, width, 2))), default=0)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+def test_chromium_a_step_of_many_trees_is_one_screen_until_a_tree_is_opened(tmp_path: Path) -> None:
+    trees = [wide_tree(i) for i in range(8)]
+    RolloutLog(tmp_path, {"t1": TASK}).write(1, [t for t, _ in trees],
+                                             [torch.zeros(len(x.token_ids)) for _, trajs in trees for x in trajs])
+    page = render_run(tmp_path).parent / "step-000001.html"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    shot = tmp_path / "shot.png"
+    subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", "--window-size=1000,12000", page.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    assert 300 < _content_bottom(shot) < 1500  # the trees unfolded: 7,161 px
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page.as_uri() + "#tree-3"], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    opened = re.findall(r'<details class="rollout-tree" id="(tree-\d+)" open="">', dom)
+    assert opened == ["tree-3"] and dom.count('class="node"') == 8 * 8  # a link to a tree opens it

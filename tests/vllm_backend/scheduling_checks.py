@@ -24,7 +24,8 @@ from tracerl.envs.search import SearchIndex, search_tools  # noqa: E402
 from tracerl.envs.synthwiki import WorldConfig, build_world  # noqa: E402
 from tracerl.envs.verifiers import exact_match  # noqa: E402
 from tracerl.rollout.engine import EngineConfig, RolloutEngine  # noqa: E402
-from tracerl.rollout.executor import ExpandRequest, LocalExecutor, StartRequest, task_record, to_json  # noqa: E402
+from tracerl.core.protocol import ExpandRequest, StartRequest, task_record, to_json  # noqa: E402
+from tracerl.rollout.executor import LocalExecutor  # noqa: E402
 
 WORLD = WorldConfig(num_people=20, num_cities=10, num_countries=4, num_books=10, num_bands=6,
                     num_companies=8, num_train=6, num_test=0, max_hops=2)
@@ -82,7 +83,8 @@ def _run(policy: Any, env: ToolEnvironment, tasks: list, scheduling: str, config
                 requests.append(ExpandRequest(delta.tree_id, node, 2, seed=12))
     expanded = executor.expand(requests)
     seconds = time.perf_counter() - clock
-    records = [json.loads(to_json(r)) for r in (started, expanded)]
+    records = [{"deltas": json.loads(to_json(r))["deltas"], "cost": [r.rollouts, r.generated_tokens]}
+               for r in (started, expanded)]  # not the calls' seconds and backend counters
     structure, logprobs = _strip_logprobs(records)
     trees = [engine.tree(d.tree_id) for d in started.deltas]
     return {

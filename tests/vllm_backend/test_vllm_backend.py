@@ -137,7 +137,7 @@ def test_train_smoke_with_vllm_backend(tmp_path: Path) -> None:
     trainer's recomputed log-probs match the sampler's at every step (weights synced each update)."""
     import importlib.util
 
-    from tracerl.models.tiny_config import get_preset
+    from tracerl.testbed.tiny_config import get_preset
 
     if importlib.util.find_spec("tracerl.models.factory") is None:
         pytest.skip("tracerl.models.factory.make_backend (the executor branch) is not merged yet")

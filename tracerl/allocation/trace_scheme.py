@@ -16,9 +16,8 @@ import torch
 
 from tracerl.core.allocation import allocate_prefixes, allocate_roots, root_value
 from tracerl.core.types import RolloutTree, Task
-from tracerl.models.sampling import derive_seed
-from tracerl.rollout.executor import ScoreFn
-from tracerl.rollout.schemes import (
+from tracerl.core.seeds import derive_seed
+from tracerl.allocation.schemes import (
     SchemeConfig,
     SchemeResult,
     Target,
@@ -28,7 +27,7 @@ from tracerl.rollout.schemes import (
     expandable_nodes,
     plan_requests,
 )
-from tracerl.rollout.session import RolloutSession, as_session
+from tracerl.allocation.session import RolloutSession, as_session
 
 if TYPE_CHECKING:
     from tracerl.allocation.predictor import SuccessPredictor
@@ -48,8 +47,7 @@ class TraceScheme:
     e.g. rollouts that answered without any tool call) becomes extra root rollouts of the
     sampled prompts, greedy by marginal :func:`root_value` gain, so cost == budget always.
 
-    With ``score`` (True, or ``ReferenceScorer.score`` to wrap a bare engine with) the session
-    asks the executor for the readiness of new leaves (one batched call) before their prefixes
+    With ``score`` the session asks the executor for the readiness of new leaves (one batched call) before their prefixes
     are valued, so the predictor sees ``l_k``/``V_k`` at allocation time as it did when trained;
     the scores stay on the trajectories (and tree nodes) for TRACE credit to reuse, and the
     trainer's own score call finds them scored.
@@ -73,11 +71,11 @@ class TraceScheme:
         self,
         config: SchemeConfig,
         predictor: SuccessPredictor | None = None,
-        score: ScoreFn | bool | None = None,
+        score: bool | None = None,
     ) -> None:
         self.config = config
         self.predictor = predictor
-        self.score = score
+        self.score = bool(score)
 
     def collect(
         self, target: Target, pool: Sequence[Task], budget: int, generator: torch.Generator | None = None,
@@ -88,7 +86,7 @@ class TraceScheme:
         cands = list(pool[: cfg.trace_candidates or len(pool)])
         if not cands:
             raise ValueError("trace: the prompt pool is empty")
-        session = as_session(target, generator, seed, self.score if callable(self.score) else None)
+        session = as_session(target, generator, seed)
         learned = self._learned_roots
         clock = time.perf_counter()
         states = session.prompt_states(cands) if learned and self._needs_states else None

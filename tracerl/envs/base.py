@@ -9,17 +9,18 @@ Who is at fault decides the flags: a malformed or wrong call is the policy's fau
 tool is the environment's (``infra_failed=True``, the episode ends and the trajectory is left
 out of group statistics and the loss, spec section 2 step 6). A tool calling ``sys.exit`` is
 such a failure too; ``KeyboardInterrupt`` propagates (see envs/tools.py). Every call that
-reaches a tool is counted in the environment's :class:`ToolStats` for the run's tool health.
+reaches a tool is counted, per tool, in the environment's :class:`ToolStats` for the run's tool health.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from tracerl.core.types import Action, Task
 from tracerl.envs.health import ToolStats
-from tracerl.envs.tools import ToolCallError, ToolFailure, ToolSet, call_with_timeout, truncate_words
+from tracerl.envs.tools import CHARS_PER_TOKEN, ToolCallError, ToolFailure, ToolSet, truncate_words
 
 
 DEFAULT_MAX_TURNS = 8
@@ -37,7 +38,10 @@ class EnvConfig:
     the same constants. The unit of ``max_observation_tokens`` is tokens of the policy's
     tokenizer, which only the engine knows: it cuts the rendered observation to that many
     tokens. The environment pre-cuts a tool result to that many whitespace words, which never
-    removes text the token cut keeps (every word is at least one token) and bounds the work.
+    removes text the token cut keeps (every word is at least one token) and bounds the work,
+    after cutting it to ``max_observation_tokens * CHARS_PER_TOKEN`` (64) characters so that a
+    10 MB result without spaces costs nothing either; a failure's message is cut to
+    ``MAX_FAILURE_CHARS`` (1,000) characters (envs/tools.py).
     """
 
     max_turns: int = DEFAULT_MAX_TURNS
@@ -88,6 +92,9 @@ class Episode(Protocol):
 
     def clone(self) -> Episode: ...
 
+    # Optional: ``restore(steps)`` replays recorded (action, observation) pairs without calling
+    # tools; episodes without it cannot be adopted by another executor (see RolloutEngine.adopt).
+
 
 class Environment(Protocol):
     def start(self, task: Task) -> Episode: ...
@@ -113,14 +120,25 @@ class ToolEpisode:
         return ToolEpisode(self.task, self.tools, self.config, self.turns_taken, self.done,
                            self.answer, self.infra_failed, list(self.history), stats=self.stats)
 
+    def restore(self, steps: Sequence[tuple[Action, Observation]]) -> None:
+        """Replay recorded ``(action, observation)`` steps without calling any tool (and without
+        counting calls): an executor adopting a tree rebuilds the episode at each of its boundaries."""
+        for action, obs in steps:
+            if self.done:
+                raise ValueError(f"episode for task {self.task.id!r} is already finished; cannot restore more steps")
+            self.turns_taken += 1
+            if action.kind == "answer":
+                self.answer = action.answer
+            self.infra_failed = self.infra_failed or obs.infra_failed
+            self.done = obs.done or action.kind == "answer"
+            self.history.append((action, obs))
+
     def _valid_actions(self) -> tuple[tuple[str, str], ...]:
         return tuple((name, t.parameters[0].name if t.parameters else "") for name, t in self.tools.items())
 
     def _run(self, action: Action) -> str:
-        if self.config.tool_timeout_s is None:
-            return self.tools.call(action.name, action.arguments)
-        return call_with_timeout(lambda: self.tools.call(action.name, action.arguments),
-                                 self.config.tool_timeout_s, what=f"tool {action.name}")
+        max_chars = self.config.max_observation_tokens * CHARS_PER_TOKEN  # bounds a 10 MB result
+        return self.tools.call(action.name, action.arguments, self.config.tool_timeout_s, max_chars)
 
     def step(self, action: Action) -> Observation:
         if self.done:
@@ -135,12 +153,12 @@ class ToolEpisode:
             try:
                 text = truncate_words(self._run(action), self.config.max_observation_tokens)
                 obs = Observation(text, done=self._out_of_turns(), error=False)
-                self.stats.record()
+                self.stats.record(action.name)
             except ToolCallError as exc:  # rejected before the tool ran: not a tool call
                 obs = self._policy_error(str(exc))
             except ToolFailure as exc:
                 self.infra_failed = True
-                self.stats.record(failure=str(exc))
+                self.stats.record(action.name, failure=str(exc))
                 obs = Observation(str(exc), done=True, error=True, infra_failed=True)
         self.done = obs.done
         self.history.append((action, obs))
@@ -164,3 +182,7 @@ class ToolEnvironment:
 
     def start(self, task: Task) -> ToolEpisode:
         return ToolEpisode(task=task, tools=self.tools, config=self.config, stats=self.stats)
+
+    def take_tool_stats(self) -> ToolStats:
+        """Tool calls and failures since the last take (resets them)."""
+        return self.stats.take()

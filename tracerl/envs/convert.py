@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.core.types import Task
-from tracerl.bounded import MiB, lines_limited, loads_json, open_regular
+from tracerl.envs.bounded import MiB, lines_limited, loads_json, open_regular
 from tracerl.envs.data import PARQUET_MISSING, Document, parquet_available, task_record
 from tracerl.envs.manifest import publish, remove_stale_temps, remove_temps, write_temp_lines
 from tracerl.errors import UserError

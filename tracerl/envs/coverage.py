@@ -108,3 +108,56 @@ def check_tokenizer_coverage(tokenizer: Any, tasks: Sequence[Task], documents: S
             f"{report.unk_share['documents']:.0%} of document tokens are <unk>. Use a model whose tokenizer "
             "covers this data (model.name_or_path=/path/to/checkpoint) or SynthWiki data with the tiny model")
     return report
+
+
+# --- tools and the format's markup ---------------------------------------------------------------
+
+BUILTIN_TOOLS = ("search", "open")
+"""The search environment's tools (in every embedded vocabulary)."""
+
+
+def _unk_words(tokenizer: Any, text: str) -> list[str]:
+    """Whitespace-separated words of ``text`` whose encoding holds ``<unk>``, in order, once each."""
+    seen: dict[str, None] = {}
+    for word in text.split():
+        if word not in seen and _has_unk(tokenizer, word):
+            seen[word] = None
+    return list(seen)
+
+
+def tool_texts(tools: Any) -> list[str]:
+    """What a prompt may show of the tools other than search/open: names, argument names and
+    descriptions, in the react style ``name[argument]`` (a vocabulary built for a run includes them)."""
+    texts = []
+    for name in tools:
+        if name in BUILTIN_TOOLS:
+            continue
+        tool = tools[name]
+        params = " ".join(p.name for p in tool.parameters)
+        # each name both first and after a space: a word-level tokenizer may spell the two differently
+        texts.append(f"{name} {name}[{params}] {params} {tool.description}")
+    return texts
+
+
+def check_tool_coverage(tokenizer: Any, tools: Any, fmt: Any, task: Task) -> list[str]:
+    """Refuse tools the tokenizer cannot spell; return warnings for ``<unk>`` in the prompt's markup.
+
+    A tool or argument name that encodes to ``<unk>`` reaches the prompt as ``open[title]<unk>[country]``:
+    the policy can never write the call, so that is a :class:`UserError` naming it. ``<unk>`` words
+    of the rendered prompt without its question (the format's markup, the tool list) are warnings.
+    ``tools``: a ToolSet; ``fmt``: the agent format; ``task``: any task (its question is blanked).
+    """
+    for name in tools:
+        if _has_unk(tokenizer, name):
+            raise UserError(f"the tokenizer cannot encode tool name {name!r} (it becomes <unk> in the prompt), "
+                            "so the policy cannot call it; rename the tool or use a model whose tokenizer covers it")
+        for param in tools[name].parameters:
+            if _has_unk(tokenizer, param.name):
+                raise UserError(f"the tokenizer cannot encode argument {param.name!r} of tool {name!r} (it becomes "
+                                "<unk> in the prompt); rename it or use a model whose tokenizer covers it")
+    blank = Task(id=task.id, question="", answers=task.answers)
+    words = _unk_words(tokenizer, fmt.render_prompt(blank, tools))
+    if not words:
+        return []
+    shown = ", ".join(repr(w) for w in words[:5]) + (f" (+{len(words) - 5} more)" if len(words) > 5 else "")
+    return [f"the prompt's markup and tool list have words the tokenizer encodes as <unk>: {shown}"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tracerl.bounded import MiB, line_too_long, lines_limited, loads_json, open_regular
+from tracerl.envs.bounded import MiB, line_too_long, lines_limited, loads_json, open_regular
 from tracerl.core.types import Task
 from tracerl.envs.manifest import check_manifest
 from tracerl.errors import UserError
@@ -37,7 +37,7 @@ class Document:
     text: str
 
 
-PARQUET_MISSING = ("reading .parquet files needs pyarrow: pip install 'tracerl[datasets]' "
+PARQUET_MISSING = ("reading .parquet files needs pyarrow: pip install -e '.[datasets]' "
                    "(or convert the file to .jsonl)")
 
 

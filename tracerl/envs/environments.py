@@ -11,18 +11,20 @@ built-in ``search`` factory is bm25s ``search``/``open`` (:func:`tracerl.envs.se
 
 ``data.tools`` adds typed Python functions (``package.module:function``, see
 :class:`~tracerl.envs.tools.Tool`) to whatever tools the factory built: :func:`build_environment`
-appends them, so a custom factory never has to handle them itself.
+appends them, so a custom factory never has to handle them itself. They run *isolated* by
+default (a worker process killed at ``data.tool_timeout_s``, see :mod:`tracerl.envs.isolation`):
+a plug-in tool is code this library has not seen, and only a process can be killed when it hangs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tracerl.core.registry import Registry, RegistryError, resolve_import_path
 from tracerl.envs.base import EnvConfig, ToolEnvironment
-from tracerl.envs.tools import Tool, ToolSet
+from tracerl.envs.tools import Tool, ToolSet, check_importable
 
 
 @dataclass(frozen=True)
@@ -48,27 +50,31 @@ def search(documents: Any, settings: EnvSettings) -> ToolEnvironment:
     return search_environment(documents, settings.top_k, settings.config, settings.config.tool_timeout_s)
 
 
-def load_tool(path: str) -> Tool:
-    """The typed function at ``package.module:function`` as a :class:`Tool` (one-line errors)."""
+def load_tool(path: str, isolate: bool = True) -> Tool:
+    """The typed function at ``package.module:function`` as a :class:`Tool` (one-line errors);
+    ``isolate``: it runs in a killable worker process (see the module docstring)."""
     fn = resolve_import_path(path, "tool")
-    if isinstance(fn, Tool):
-        return fn
-    if not callable(fn):
+    if not isinstance(fn, Tool) and not callable(fn):
         raise RegistryError(f"tool {path!r} is a {type(fn).__name__}, not a function")
     try:
-        return Tool.from_function(fn)
+        if not isinstance(fn, Tool):
+            return Tool.from_function(fn, isolated=isolate)
+        if isolate:
+            check_importable(fn.fn, fn.name)
+        return replace(fn, isolated=isolate or fn.isolated)
     except ValueError as err:
         raise RegistryError(f"tool {path!r}: {err}") from None
 
 
-def load_tools(paths: Sequence[str]) -> list[Tool]:
+def load_tools(paths: Sequence[str], isolate: bool = True) -> list[Tool]:
     """:func:`load_tool` of each path, in order."""
-    return [load_tool(p) for p in paths]
+    return [load_tool(p, isolate) for p in paths]
 
 
 def build_environment(name: str, documents: Any, settings: EnvSettings,
-                      tools: Sequence[str | Tool] = ()) -> ToolEnvironment:
-    """The environment factory ``name`` applied to ``documents``, with ``tools`` appended.
+                      tools: Sequence[str | Tool] = (), isolate: bool = True) -> ToolEnvironment:
+    """The environment factory ``name`` applied to ``documents``, with ``tools`` appended
+    (those given as import paths run isolated when ``isolate``).
 
     A factory's result must be a :class:`ToolEnvironment`; a tool whose name the factory already
     uses is an error naming both (the policy could not tell them apart).
@@ -77,7 +83,7 @@ def build_environment(name: str, documents: Any, settings: EnvSettings,
     env = factory(documents, settings)
     if not isinstance(env, ToolEnvironment):
         raise RegistryError(f"environment {name!r} returned a {type(env).__name__}, not a ToolEnvironment")
-    extra = [load_tool(t) if isinstance(t, str) else t for t in tools]
+    extra = [load_tool(t, isolate) if isinstance(t, str) else t for t in tools]
     if not extra:
         return env
     clash = sorted(set(env.tools) & {t.name for t in extra})

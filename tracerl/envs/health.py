@@ -1,53 +1,72 @@
-"""Tool health: count tool calls and infrastructure failures, stop a run whose tools are down.
+"""Tool health: count tool calls and infrastructure failures per tool, stop a run whose tool is down.
 
 A failing tool only marks its trajectory ``infra_failed`` (left out of the loss), so a run
 whose search backend is dead would go on "training" on nothing and exit 0. The trainer
 reads each step's counts (:meth:`ToolStats.take`) and feeds them to :class:`ToolHealth`,
-which raises :class:`ToolHealthError` once every call of ``max_failed_steps`` consecutive
-steps failed. A step without tool calls (every rollout answered at once) says nothing about
-the tools and leaves the streak as it is.
+which raises :class:`ToolHealthError` once every call *of one tool* failed in
+``max_failed_steps`` consecutive steps in which that tool was called: a dead ``search`` stops
+the run even while ``open`` works. A step in which a tool was not called says nothing about it
+and leaves its streak as it is. The streaks are part of a checkpoint (:meth:`ToolHealth.state_dict`),
+so a resumed run stops at the same step as an uninterrupted one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tracerl.errors import UserError
 
 
 class ToolHealthError(UserError):
-    """Every tool call of several consecutive steps failed; the run stops (checkpoints intact)."""
+    """One tool failed every call in several consecutive steps; the run stops (checkpoints intact)."""
 
 
 @dataclass
 class ToolStats:
-    """Tool calls that reached a tool, and those that failed (exception, exit, timeout)."""
+    """Per tool: calls that reached it and those that failed (exception, exit, timeout, dead worker).
 
-    calls: int = 0
-    failures: int = 0
-    last_failure: str = ""
-    """Message of the most recent failure (named when the run stops)."""
+    JSON-typed fields, so ``ToolStats(**dataclasses.asdict(stats))`` round-trips and the counts
+    can cross a process boundary or sit in a checkpoint as they are.
+    """
 
-    def record(self, failure: str | None = None) -> None:
-        """Count one call; ``failure`` is its message when it was an infrastructure failure."""
-        self.calls += 1
+    per_tool: dict[str, list[int]] = field(default_factory=dict)
+    """``{tool name: [calls, failures]}``."""
+    last_failure: dict[str, str] = field(default_factory=dict)
+    """``{tool name: message of its most recent failure}`` (named when the run stops)."""
+
+    @property
+    def calls(self) -> int:
+        """Calls of every tool."""
+        return sum(c for c, _ in self.per_tool.values())
+
+    @property
+    def failures(self) -> int:
+        """Failed calls of every tool."""
+        return sum(f for _, f in self.per_tool.values())
+
+    def record(self, tool: str, failure: str | None = None) -> None:
+        """Count one call of ``tool``; ``failure`` is its message when it was an infrastructure failure."""
+        counts = self.per_tool.setdefault(tool, [0, 0])
+        counts[0] += 1
         if failure is not None:
-            self.failures += 1
-            self.last_failure = failure
+            counts[1] += 1
+            self.last_failure[tool] = failure
 
     def take(self) -> ToolStats:
         """The counts so far, resetting them (call once per training step)."""
-        out = ToolStats(self.calls, self.failures, self.last_failure)
-        self.calls, self.failures, self.last_failure = 0, 0, ""
+        out = ToolStats(self.per_tool, self.last_failure)
+        self.per_tool, self.last_failure = {}, {}
         return out
 
     def __add__(self, other: ToolStats) -> ToolStats:
-        return ToolStats(self.calls + other.calls, self.failures + other.failures,
-                         other.last_failure or self.last_failure)
+        names = list(dict.fromkeys([*self.per_tool, *other.per_tool]))
+        per_tool = {n: [a + b for a, b in zip(self.per_tool.get(n, [0, 0]), other.per_tool.get(n, [0, 0]))]
+                    for n in names}
+        return ToolStats(per_tool, {**self.last_failure, **other.last_failure})
 
 
 def failed_streak(streak: int, calls: int, failures: int) -> int:
-    """The streak of all-failed steps after a step with ``calls`` calls and ``failures`` failures.
+    """One tool's streak of all-failed steps after a step with ``calls`` calls and ``failures`` failures.
 
     All calls failed: ``streak + 1``; some call succeeded: 0; no call at all: unchanged.
     """
@@ -59,20 +78,32 @@ def failed_streak(streak: int, calls: int, failures: int) -> int:
 
 
 class ToolHealth:
-    """Stops a run after ``max_failed_steps`` consecutive steps in which every tool call failed."""
+    """Stops a run after ``max_failed_steps`` consecutive steps in which every call of one tool failed."""
 
     def __init__(self, max_failed_steps: int) -> None:
         if max_failed_steps < 1:
             raise ValueError(f"max_failed_steps must be >= 1, got {max_failed_steps}")
         self.max_failed_steps = max_failed_steps
-        self.streak = 0
+        self.streaks: dict[str, int] = {}
+        """``{tool name: consecutive steps in which every call of it failed}``."""
 
-    def observe(self, calls: int, failures: int, last_failure: str = "") -> None:
-        """Account one step's tool calls; raise :class:`ToolHealthError` when the limit is reached."""
-        self.streak = failed_streak(self.streak, calls, failures)
-        if self.streak >= self.max_failed_steps:
-            last = f"; last failure: {last_failure}" if last_failure else ""
-            raise ToolHealthError(
-                f"every tool call failed in {self.streak} consecutive steps ({failures} of {calls} in the last"
-                f"{last}); fix the tools or data (limit: data.max_failed_tool_steps = {self.max_failed_steps}); "
-                "the last checkpoint is intact")
+    def observe(self, stats: ToolStats) -> None:
+        """Account one step's tool calls; raise :class:`ToolHealthError` naming the first tool at the limit."""
+        for name, (calls, failures) in stats.per_tool.items():
+            self.streaks[name] = failed_streak(self.streaks.get(name, 0), calls, failures)
+        for name, (calls, failures) in stats.per_tool.items():
+            streak = self.streaks[name]
+            if streak >= self.max_failed_steps:
+                last = stats.last_failure.get(name, "")
+                last = f"; last failure: {last}" if last else ""
+                raise ToolHealthError(
+                    f"tool {name!r} failed every call in {streak} consecutive steps ({failures} of {calls} in the "
+                    f"last{last}); fix the tool or its backend (limit: data.max_failed_tool_steps = "
+                    f"{self.max_failed_steps}); the last checkpoint is intact")
+
+    def state_dict(self) -> dict[str, int]:
+        """The per-tool streaks (what a checkpoint keeps)."""
+        return dict(self.streaks)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.streaks = {str(k): int(v) for k, v in state.items()}

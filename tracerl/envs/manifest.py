@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tracerl.bounded import MiB, TooLarge, read_limited
+from tracerl.envs.bounded import MiB, TooLarge, read_limited
 from tracerl.errors import UserError
 
 MANIFEST = "convert_manifest.json"

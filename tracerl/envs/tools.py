@@ -11,11 +11,21 @@ tool (``sys.exit`` in a script turned into a tool) is a :class:`ToolFailure` of 
 a tool can never end the trainer; ``KeyboardInterrupt`` propagates, because it is the user's
 Ctrl-C. :func:`call_with_timeout` runs a call on a daemon thread so a hung tool is abandoned
 without keeping the process alive.
+
+Where a tool runs: in-process by default (the built-in bm25s ``search``/``open``, which only
+read an in-memory index); in a worker process that is killed at the timeout when the tool is
+:attr:`Tool.isolated` (:mod:`tracerl.envs.isolation`; plug-in tools of ``data.tools`` are, unless
+``data.isolate_tools = false``). A thread cannot be killed: an in-process tool that hangs holding
+the GIL stalls the run, an isolated one cannot.
+
+Bounded output: a tool's text is cut to ``max_chars`` characters and a failure's message to
+:data:`MAX_FAILURE_CHARS`, so a tool returning or raising 10 MB costs nothing downstream.
 """
 
 from __future__ import annotations
 
 import inspect
+import pickle
 import re
 import threading
 import typing
@@ -26,6 +36,11 @@ from typing import Any
 _JSON_TYPES: dict[type, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 RESERVED_NAMES = frozenset({"answer"})
 _NON_SPACE = re.compile(r"\S+")
+MAX_FAILURE_CHARS = 1000
+"""Characters kept of a tool failure's message (the observation and the tool-health report)."""
+CHARS_PER_TOKEN = 64
+"""A tool's text is cut to ``max_observation_tokens * CHARS_PER_TOKEN`` characters before the
+engine tokenises it (a longer token is rare in any vocabulary), bounding a 10 MB result's cost."""
 
 
 class ToolCallError(ValueError):
@@ -52,11 +67,16 @@ class Tool:
     description: str
     parameters: tuple[Parameter, ...]
     fn: Callable[..., str]
+    isolated: bool = False
+    """Run each call in a worker process that is killed at the timeout (see envs/isolation.py);
+    ``fn`` must then be importable (a module-level function)."""
 
     @classmethod
-    def from_function(cls, fn: Callable[..., Any], name: str | None = None) -> Tool:
+    def from_function(cls, fn: Callable[..., Any], name: str | None = None, isolated: bool = False) -> Tool:
         """Build a tool from a function with type hints on every parameter and a docstring."""
         tool_name = name or fn.__name__
+        if isolated:
+            check_importable(fn, tool_name)
         if not tool_name.isidentifier():
             raise ValueError(f"tool name {tool_name!r} must be an identifier")
         if tool_name in RESERVED_NAMES:
@@ -74,7 +94,7 @@ class Tool:
                 raise ValueError(f"tool {tool_name!r}: parameter {p.name!r} needs a str/int/float/bool hint")
             required = p.default is inspect.Parameter.empty
             params.append(Parameter(p.name, kind, required, None if required else p.default))
-        return cls(tool_name, doc.split("\n\n")[0].replace("\n", " "), tuple(params), fn)
+        return cls(tool_name, doc.split("\n\n")[0].replace("\n", " "), tuple(params), fn, isolated)
 
     def schema(self) -> dict[str, Any]:
         """JSON-schema style description (what chat templates put in their tool list)."""
@@ -139,21 +159,52 @@ class ToolSet(Mapping[str, Tool]):
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self._tools.values()]
 
-    def call(self, name: str, arguments: Mapping[str, Any]) -> str:
-        """Run a tool. ToolCallError: the call was wrong; ToolFailure: the tool broke."""
+    def call(self, name: str, arguments: Mapping[str, Any], timeout_s: float | None = None,
+             max_chars: int | None = None) -> str:
+        """Run a tool. ToolCallError: the call was wrong; ToolFailure: the tool broke or ran past
+        ``timeout_s`` seconds (None: no limit). The text is cut to ``max_chars`` characters."""
         if name not in self._tools:
             raise ToolCallError(f"unknown tool {name}")
         tool = self._tools[name]
         kwargs = tool.check(arguments)
-        try:
-            result = tool.fn(**kwargs)
-        except Exception as exc:  # any exception inside a tool is the environment's fault
-            raise ToolFailure(f"tool {name} raised {type(exc).__name__}: {exc}") from exc
-        except SystemExit as exc:  # a tool must not end the trainer; KeyboardInterrupt still propagates
-            raise ToolFailure(f"tool {name} called exit({exc.code!r})") from exc
-        if not isinstance(result, str):
-            raise ToolFailure(f"tool {name} returned {type(result).__name__}, expected str")
-        return result
+        limit = max_chars if max_chars is not None else 2**62
+        if tool.isolated:
+            from tracerl.envs.isolation import call_isolated  # imports this module
+
+            return call_isolated(name, tool.fn, kwargs, timeout_s, limit)
+        if timeout_s is None:
+            return _invoke(tool, kwargs, limit)
+        return call_with_timeout(lambda: _invoke(tool, kwargs, limit), timeout_s, what=f"tool {name}")
+
+
+def _invoke(tool: Tool, kwargs: dict[str, Any], max_chars: int) -> str:
+    """``tool.fn(**kwargs)`` in this process, its failures as :class:`ToolFailure` (bounded messages)."""
+    name = tool.name
+    try:
+        result = tool.fn(**kwargs)
+    except Exception as exc:  # any exception inside a tool is the environment's fault
+        raise ToolFailure(f"tool {name} raised {type(exc).__name__}: {bounded_message(str(exc))}") from exc
+    except SystemExit as exc:  # a tool must not end the trainer; KeyboardInterrupt still propagates
+        raise ToolFailure(f"tool {name} called exit({bounded_message(repr(exc.code))})") from exc
+    if not isinstance(result, str):
+        raise ToolFailure(f"tool {name} returned {type(result).__name__}, expected str")
+    return result[:max_chars]
+
+
+def bounded_message(text: str, max_chars: int = MAX_FAILURE_CHARS) -> str:
+    """``text`` cut to ``max_chars`` characters, saying how much was cut."""
+    if len(text) <= max_chars:
+        return text
+    return f"{text[:max_chars]}... [{len(text) - max_chars} more characters cut]"
+
+
+def check_importable(fn: Callable[..., Any], name: str) -> None:
+    """An isolated tool's function must pickle by reference (a worker process imports it)."""
+    try:
+        pickle.dumps(fn)
+    except (pickle.PicklingError, AttributeError, TypeError) as err:
+        raise ValueError(f"tool {name!r} runs isolated, so it must be a module-level function that a worker "
+                         f"process can import ({type(err).__name__}: {bounded_message(str(err), 200)})") from None
 
 
 def call_with_timeout(fn: Callable[[], str], timeout_s: float, what: str = "tool call") -> str:
@@ -179,9 +230,12 @@ def call_with_timeout(fn: Callable[[], str], timeout_s: float, what: str = "tool
     threading.Thread(target=target, name=f"tracerl-{what}", daemon=True).start()
     if not done.wait(timeout_s):
         raise ToolFailure(f"{what} timed out after {timeout_s:g} s")
-    ok, value = slot[0]
+    ok, value = slot.pop()
     if not ok:
-        raise value
+        try:
+            raise value
+        finally:  # no cycle exception -> traceback -> this frame -> exception (a 10 MB message would wait for gc)
+            value = None
     return value
 
 

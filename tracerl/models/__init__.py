@@ -1,6 +1,6 @@
 """Policy backends and the frozen reference scorer (transformers is imported lazily)."""
 
-from tracerl.models.backend import Generation, HFPolicy, PolicyBackend, SamplingParams, encode_prompt
+from tracerl.models.backend import Generation, HFPolicy, PolicyBackend, SamplingParams
 from tracerl.models.scoring import ReferenceScorer, answer_token_ids, score_prefixes, score_prefixes_naive
 
 __all__ = [
@@ -10,7 +10,6 @@ __all__ = [
     "ReferenceScorer",
     "SamplingParams",
     "answer_token_ids",
-    "encode_prompt",
     "score_prefixes",
     "score_prefixes_naive",
 ]

@@ -20,16 +20,17 @@ Conventions (shared with pretraining and the trainer):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
-from tracerl.agent.formats import encode_prompt  # noqa: F401 - re-exported (its home moved to the formats)
 from tracerl.models.heads import split_head
 from tracerl.models.sampling import same_device, sample_next, sample_next_seeded  # noqa: F401 - re-exported
 from tracerl.models.prefill import prefill
 from tracerl.models.prefix_cache import KVEntry, PrefixKVStore, forward_with_cache, output_cache, plain_dynamic
+from tracerl.models.weights import load_buckets
 
 FinishReason = Literal["stop", "eos", "length"]
 
@@ -93,7 +94,12 @@ class PolicyBackend(Protocol):
         prefixes: list[list[int]],
         params: SamplingParams,
         seeds: list[int] | None = None,
-    ) -> list[Generation]: ...
+        *,
+        routing_keys: list[str] | None = None,
+    ) -> list[Generation]:
+        """``routing_keys[i]``: row ``i``'s tree id (sticky routing: a backend in front of several
+        engines keeps a tree on one, so its branches share that engine's prefix cache)."""
+        ...
 
     def sync_weights(self, model_or_state: Any, version: int) -> None: ...
 
@@ -180,11 +186,15 @@ class HFPolicy:
 
     def sync_weights(self, model_or_state: Any, version: int) -> None:
         """New weights: ``model_or_state`` is the trainer's model (shared with this policy: nothing
-        to copy) or a state dict loaded into it. Clears the prefix KV store (computed under the old
-        weights) and records ``version``."""
-        if model_or_state is not self.model:
-            state = model_or_state.state_dict() if hasattr(model_or_state, "state_dict") else model_or_state
-            self.model.load_state_dict(state)
+        to copy), a state dict loaded into it, or an iterable of ``(name, tensor)`` buckets
+        (:func:`~tracerl.models.weights.weight_buckets`) copied in one bucket at a time. Clears the
+        prefix KV store (computed under the old weights) and records ``version``."""
+        if hasattr(model_or_state, "state_dict") or isinstance(model_or_state, Mapping):
+            if model_or_state is not self.model:
+                state = model_or_state.state_dict() if hasattr(model_or_state, "state_dict") else model_or_state
+                self.model.load_state_dict(state)
+        else:
+            load_buckets(self.model, model_or_state)
         self.clear_prefix_cache()
         self.version = int(version)
 
@@ -208,8 +218,11 @@ class HFPolicy:
         seeds: list[int] | None = None,
         *,
         generator: torch.Generator | None = None,
+        routing_keys: list[str] | None = None,
     ) -> list[Generation]:
         """Sample one continuation per prefix (rows stop on a stop string, EOS or the length cap).
+
+        ``routing_keys`` (the rows' tree ids) are accepted and unused: one model, one prefix store.
 
         ``seeds`` (one per prefix): row ``i`` draws with its own counter-based noise
         (:func:`~tracerl.models.sampling.sample_next_seeded`), independent of the other rows.

@@ -17,7 +17,7 @@ BACKENDS = ("hf", "vllm")
 
 def vllm_missing(option: str = "model.backend") -> str:
     """The install message when ``option = 'vllm'`` is set without vLLM."""
-    return f"{option} = 'vllm' needs vLLM: pip install 'tracerl[vllm]' (or make vllm)"
+    return f"{option} = 'vllm' needs vLLM: pip install -e '.[vllm]' (or make vllm)"
 
 
 VLLM_MISSING = vllm_missing()

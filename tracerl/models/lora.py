@@ -13,7 +13,7 @@ from typing import Any, ContextManager, Sequence
 
 import torch
 
-PEFT_MISSING = "model.lora.r > 0 needs peft: pip install 'tracerl[lora]'"
+PEFT_MISSING = "model.lora.r > 0 needs peft: pip install -e '.[lora]'"
 
 
 def peft_available() -> bool:

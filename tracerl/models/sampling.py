@@ -22,8 +22,6 @@ CPU at V = 152k.) The hash is a 32-bit integer mix computed in int64 with every 
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 _M32 = 0xFFFFFFFF
@@ -34,16 +32,6 @@ def same_device(a: torch.device | str, b: torch.device | str) -> bool:
     """Whether two devices are the same (``cuda`` without an index matches any ``cuda:N``)."""
     a, b = torch.device(a), torch.device(b)
     return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
-
-
-def derive_seed(*parts: object) -> int:
-    """A 62-bit seed from any parts (run seed, step, tree id, node, branch, turn ...).
-
-    Stable across processes and machines (a BLAKE2 digest of the parts' ``repr``), unlike
-    Python's salted ``hash``.
-    """
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 2
 
 
 def _avalanche(x: torch.Tensor) -> torch.Tensor:

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ContextManager, Literal
 
 import torch
 
+from tracerl.core.protocol import ScoreRequest as NodeScoreRequest
+from tracerl.core.protocol import ScoreResult
 from tracerl.core.types import Action, RolloutTree, Task, Trajectory
 from tracerl.models.batched_scoring import (
     DEFAULT_MAX_BATCH_TOKENS,
@@ -339,6 +341,31 @@ class ReferenceScorer:
         with self.frozen():
             return score_readiness(self.model, items, tasks, self._answer_ids, max_batch_tokens=max_batch_tokens,
                                    batch_scorer=self.batch_scorer)
+
+    @torch.no_grad()
+    def score_nodes(self, requests: Sequence[NodeScoreRequest], *,
+                    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> ScoreResult:
+        """Readiness of self-contained node requests (prefix ids and gold answer; no tree needed):
+        every prefix in one batched call (``batch_scorer``), deduplicated and trie-packed there.
+        Returns ``ScoreResult.nodes[tree_id][str(node_id)]``; equal to :meth:`score` on the trees."""
+        jobs, keys = [], []
+        for req in requests:
+            opener, answer = self._answer_ids(req.gold)
+            for nid, prefix in zip(req.node_ids, req.prefixes, strict=True):
+                jobs.append(ScoreRequest(tuple(prefix), (len(prefix),), tuple(answer), tuple(opener)))
+                keys.append((req.tree_id, nid))
+        result = ScoreResult()
+        if not jobs:
+            return result
+        with self.frozen():
+            scorer = self.batch_scorer or score_prefixes_batched
+            scores = scorer(self.model, jobs, max_batch_tokens=max_batch_tokens, stats=ScoreStats())
+        for (tree_id, nid), value in zip(keys, scores, strict=True):
+            l_k = float(value[0])
+            if not math.isfinite(l_k):
+                raise ValueError(f"non-finite readiness score for node {nid} of tree {tree_id!r}: {l_k}")
+            result.nodes.setdefault(tree_id, {})[str(nid)] = l_k
+        return result
 
     @torch.no_grad()
     def readiness(self, trajectory: Trajectory, task: Task) -> list[float]:

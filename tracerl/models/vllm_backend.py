@@ -22,9 +22,12 @@
   ``LLMEngine.step``), so the rollout engine can submit an episode's next turn while others
   decode (:mod:`tracerl.rollout.independent`); :meth:`VLLMPolicy.generate` is the same loop run
   until its batch is done;
-- **weight sync**: :meth:`VLLMPolicy.sync_weights` serialises the trainer's state dict once
-  (safetensors bytes) and has every worker reload it through :class:`WeightSyncExtension`, then
-  resets the prefix cache so no branch reuses KV computed under old weights.
+- **weight sync**: :meth:`VLLMPolicy.sync_weights` streams the trainer's weights as ``(name,
+  tensor)`` buckets (:func:`~tracerl.models.weights.weight_buckets`: whole layers, one bucket
+  materialised at a time, a sharded parameter unsharded one at a time) into one in-place reload
+  of every worker through :class:`WeightSyncExtension` (no whole-model bytes), then resets the
+  prefix cache so no branch reuses KV computed under old weights. An engine core in another
+  process (``in_process=False``, untested) gets one safetensors blob per bucket instead.
 
 vLLM is imported lazily, so this module imports without it (the backend factory can then say how
 to install it). vLLM's engine core runs in a separate process unless
@@ -43,13 +46,14 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from tracerl.models.backend import FinishReason, Generation, SamplingParams
 from tracerl.models.vllm_cpu import check_head_dim, cpu_defaults, scan_safe_modules
+from tracerl.models.weights import weight_buckets
 
 __all__ = ["VLLMPolicy", "WeightSyncExtension", "check_head_dim", "require_vllm", "state_dict_bytes"]
 
@@ -98,15 +102,29 @@ class WeightSyncExtension:
     """
 
     def tracerl_load_weights(self, blob: bytes) -> int:
-        """Load safetensors ``blob`` into this worker's model; returns the number of tensors."""
+        """Load safetensors ``blob`` (one bucket of whole layers) into this worker's model; returns
+        the number of tensors."""
         from safetensors.torch import load
 
-        weights = load(blob)
+        return self.tracerl_load_stream([list(load(blob).items())])
+
+    def tracerl_load_stream(self, buckets: Any) -> int:
+        """Load ``(name, tensor)`` buckets into this worker's model in one in-place reload, pulling
+        one bucket at a time (an engine core in this process: the iterator is passed as is)."""
+        count = 0
+
+        def stream() -> Any:
+            nonlocal count
+            for bucket in buckets:
+                for name, tensor in bucket:
+                    count += 1
+                    yield name, tensor
+
         # The worker's own reload_weights sets vLLM's current config around the runner's.
         reload = getattr(self, "reload_weights", None) or self.model_runner.reload_weights  # type: ignore[attr-defined]
-        reload(weights_iterator=iter(weights.items()))
+        reload(weights_iterator=stream())
         _retie_lm_head(self.model_runner.get_model())  # type: ignore[attr-defined]
-        return len(weights)
+        return count
 
 
 def _retie_lm_head(model: Any) -> None:
@@ -161,6 +179,7 @@ class VLLMPolicy:
         max_model_len = min(max_model_len, int(limit)) if limit else max_model_len
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self._in_process = in_process
         self.tokenizer = tokenizer
         self.version = 0
         self.stats: dict[str, int] = {"prefill_tokens": 0, "reused_prefix_tokens": 0, "generated_tokens": 0,
@@ -192,6 +211,7 @@ class VLLMPolicy:
         params: SamplingParams,
         seeds: list[int] | torch.Generator | None = None,
         generator: torch.Generator | None = None,
+        routing_keys: list[str] | None = None,
     ) -> list[Generation]:
         """Sample one continuation per prefix; one vLLM request per row (continuous batching).
 
@@ -199,7 +219,7 @@ class VLLMPolicy:
         draw of ``len(prefixes)`` numbers, so a run seeded through a generator stays
         reproducible), and with neither the engine's own RNG decides. A generator passed in the
         third position (today's engine calls ``generate(prefixes, params, generator)``) counts as
-        ``generator``.
+        ``generator``. ``routing_keys`` (the rows' tree ids) are unused: one engine, one prefix cache.
         """
         if isinstance(seeds, torch.Generator):
             seeds, generator = None, seeds
@@ -224,8 +244,9 @@ class VLLMPolicy:
 
     # --- one request at a time (tracerl.rollout.independent.RequestStream) ------------------
 
-    def submit(self, prefix: list[int], params: SamplingParams, seed: int | None) -> str:
-        """Queue one request; :meth:`poll` steps the engine and returns it once finished."""
+    def submit(self, prefix: list[int], params: SamplingParams, seed: int | None, routing_key: str | None = None) -> str:
+        """Queue one request; :meth:`poll` steps the engine and returns it once finished
+        (``routing_key``, the request's tree id, is unused: one engine, one prefix cache)."""
         if not prefix:
             raise ValueError("every prefix must hold at least one token")
         if self._asleep:
@@ -293,16 +314,21 @@ class VLLMPolicy:
     # --- lifecycle -------------------------------------------------------------------------
 
     def sync_weights(self, model_or_state: Any, version: int) -> None:
-        """Push the trainer's weights (its model or a state dict) into every worker, then reset
-        the prefix cache.
+        """Push the trainer's weights (its model, a state dict, or ``(name, tensor)`` buckets) into
+        every worker bucket by bucket, then reset the prefix cache.
 
         The reset matters for trees: a branch from a stored boundary must not reuse KV blocks
         computed under the previous weights.
         """
         if self._asleep:
             raise RuntimeError("the vLLM engine is asleep; call wake_up() before sync_weights()")
-        blob = state_dict_bytes(model_or_state)
-        self.llm.collective_rpc("tracerl_load_weights", args=(blob,))
+        given = hasattr(model_or_state, "state_dict") or isinstance(model_or_state, Mapping)
+        buckets = weight_buckets(model_or_state) if given else model_or_state
+        if self._in_process:  # the workers live here: stream the buckets, never a whole-model copy
+            self.llm.collective_rpc("tracerl_load_stream", args=(buckets,))
+        else:
+            for bucket in buckets:
+                self.llm.collective_rpc("tracerl_load_weights", args=(state_dict_bytes(dict(bucket)),))
         self.clear_prefix_cache()
         self.version = int(version)
 

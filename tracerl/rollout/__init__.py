@@ -1,8 +1,6 @@
-"""Batched multi-turn rollouts with tree branching, the executor protocol, and evaluation."""
+"""Execution: batched multi-turn rollouts with tree branching, rollout executors, and evaluation."""
 
-from tracerl.rollout.engine import EngineConfig, RolloutCost, RolloutEngine
-from tracerl.rollout.executor import ExpandRequest, LocalExecutor, RolloutExecutor, StartRequest
-from tracerl.rollout.session import RolloutSession
+from tracerl.rollout.engine import EngineConfig, RolloutEngine
+from tracerl.rollout.executor import LocalExecutor, RolloutExecutor
 
-__all__ = ["EngineConfig", "ExpandRequest", "LocalExecutor", "RolloutCost", "RolloutEngine", "RolloutExecutor",
-           "RolloutSession", "StartRequest"]
+__all__ = ["EngineConfig", "LocalExecutor", "RolloutEngine", "RolloutExecutor"]

@@ -46,23 +46,26 @@ the row samples on from its partial turn in the next batched call (a new *segmen
 segments join into one turn whose tokens and log-probs are exactly the sampled ones. Sampling
 the rest of a turn from the partial turn is the same distribution as sampling it in one go.
 
+Routing: every generate row carries its tree id as a routing key (``routing_keys``), so a backend
+in front of several engines can keep a tree's branches on one engine and its prefix cache.
+
 Cost (spec section 1): each new chain and each branch continuation is one rollout; generated
 tokens count only tokens sampled in the call (reused prefix tokens are not counted).
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from tracerl.core.protocol import RolloutCost
 from tracerl.core.types import RolloutTree, Task
-from tracerl.envs.base import DEFAULT_MAX_OBSERVATION_TOKENS, DEFAULT_MAX_TURNS
+from tracerl.envs.base import DEFAULT_MAX_OBSERVATION_TOKENS, DEFAULT_MAX_TURNS, Observation
 from tracerl.models.backend import PolicyBackend
-from tracerl.models.sampling import derive_seed
+from tracerl.core.seeds import derive_seed
 from tracerl.rollout.independent import SCHEDULINGS, ScheduleStats, run_independent, streams_requests
 from tracerl.rollout.turns import (  # noqa: F401 - _Outcome, _turn_seed re-exported (their home moved to turns.py)
     TurnSteps,
@@ -118,17 +121,6 @@ class EngineConfig:
                              f"allowed values: {', '.join(SCHEDULINGS)}")
 
 
-@dataclass
-class RolloutCost:
-    """Sampling cost (spec section 1): continuation rollouts and policy-generated tokens."""
-
-    rollouts: int = 0
-    generated_tokens: int = 0
-
-    def __add__(self, other: RolloutCost) -> RolloutCost:
-        return RolloutCost(self.rollouts + other.rollouts, self.generated_tokens + other.generated_tokens)
-
-
 class RolloutEngine(TurnSteps):
     """Runs episodes of ``env`` with ``backend`` in the agent format ``fmt``; rewards from ``verifier``.
 
@@ -146,7 +138,9 @@ class RolloutEngine(TurnSteps):
         self.verifier = verifier
         self.config = config
         self._states: dict[str, _TreeState] = {}
-        self._ids = itertools.count()
+        self.trees_started = 0
+        """Trees started without explicit ids (their ids ``task#N`` seed the episodes); a trainer
+        checkpoints it so a resumed evaluation at ``temperature > 0`` draws the same episodes."""
         self.schedule = ScheduleStats()
         """Requests and engine steps of independent scheduling (stays zero in lockstep)."""
 
@@ -176,7 +170,10 @@ class RolloutEngine(TurnSteps):
         seed = _call_seed(seed, generator)
         trees, lives = [], []
         for i, task in enumerate(tasks):
-            tree_id = tree_ids[i] if tree_ids is not None else f"{task.id}#{next(self._ids)}"
+            if tree_ids is None:
+                tree_id, self.trees_started = f"{task.id}#{self.trees_started}", self.trees_started + 1
+            else:
+                tree_id = tree_ids[i]
             tree, state = self._new_tree(task, tree_id)
             trees.append(tree)
             lives += self._continuations(state, 0, n[i], seed)
@@ -185,19 +182,45 @@ class RolloutEngine(TurnSteps):
 
     def expand(
         self,
-        requests: list[tuple[RolloutTree | str, int, int]],
+        requests: Sequence[tuple[RolloutTree | str, int, int] | tuple[RolloutTree | str, int, int, int | None]],
         generator: torch.Generator | None = None,
         seed: int | None = None,
     ) -> RolloutCost:
-        """Resume ``k`` continuations from each ``(tree or tree_id, node_id, k)``; new leaves join the trees."""
+        """Resume ``k`` continuations from each ``(tree or tree_id, node_id, k[, first_branch])``;
+        new leaves join the trees. ``first_branch`` (the driver's count) numbers the branches;
+        without it the tree's own count does."""
         lives: list[_Live] = []
         seed = _call_seed(seed, generator) if requests else 0
-        for tree, node_id, k in requests:
+        for tree, node_id, k, *first in requests:
             if k < 0:
                 raise ValueError(f"continuations must be >= 0, got {k} for node {node_id}")
-            lives += self._continuations(self._expandable(tree, node_id), node_id, k, seed)
+            state = self._expandable(tree, node_id)
+            lives += self._continuations(state, node_id, k, seed, first[0] if first else None)
         generated = self._run(lives)
         return RolloutCost(rollouts=len(lives), generated_tokens=generated)
+
+    def adopt(self, tree: RolloutTree, task: Task, branches: Mapping[int, int] | None = None) -> None:
+        """Hold ``tree`` (produced elsewhere: the driver's copy) as if this engine had produced it,
+        so it can be expanded here: the episode at every open boundary is rebuilt by replaying
+        the recorded actions and observations into ``env.start(task)`` with the episode's
+        ``restore`` (no tool is called), and ``branches`` (node id -> continuations started
+        there so far) continues the branch numbering. An environment whose episodes cannot
+        restore is refused, naming the episode type."""
+        root = self.env.start(task)
+        if not callable(getattr(root, "restore", None)):
+            raise ValueError(f"trees cannot be adopted with this environment: its {type(root).__name__} episodes "
+                             "have no restore(steps) to replay recorded actions without calling tools")
+        state = _TreeState(tree=tree, task=task, branches={int(k): int(v) for k, v in (branches or {}).items()})
+        state.episodes[0] = root
+        for node in tree.nodes[1:]:  # parents come before their children
+            if node.is_leaf or node.parent not in state.episodes:
+                continue
+            turn = node.turn
+            assert turn is not None
+            episode = state.episodes[node.parent].clone()
+            episode.restore([(turn.action, Observation(turn.observation, done=False, error=turn.tool_error))])
+            state.episodes[node.id] = episode
+        self._states[tree.tree_id] = state
 
     def prompt_ids(self, task: Task) -> list[int]:
         """Token ids of ``task``'s prompt ``S_0`` as this engine's trees start with them."""
@@ -243,7 +266,8 @@ class RolloutEngine(TurnSteps):
         self._states[tree_id] = state
         return tree, state
 
-    def _continuations(self, state: _TreeState, node_id: int, k: int, seed: int) -> list[_Live]:
+    def _continuations(self, state: _TreeState, node_id: int, k: int, seed: int,
+                       first_branch: int | None = None) -> list[_Live]:
         """``k`` live episodes resuming at ``node_id``, each with its own seed and a fresh env clone."""
         tree = state.tree
         turns = [tree.nodes[i].turn for i in tree.path(node_id)[1:]]
@@ -251,7 +275,7 @@ class RolloutEngine(TurnSteps):
         return [
             _Live(tree, state, node_id, state.episodes[node_id].clone(), list(prefix), list(turns),  # type: ignore[arg-type]
                   seed=derive_seed(seed, tree.tree_id, node_id, branch))
-            for branch in state.next_branches(node_id, k)
+            for branch in state.next_branches(node_id, k, first_branch)
         ]
 
     def _expandable(self, tree: RolloutTree | str, node_id: int) -> _TreeState:
@@ -285,7 +309,8 @@ class RolloutEngine(TurnSteps):
         while lives:
             rows = [self._row(lv) for lv in lives]
             params = self._params(max(budget for _, budget, _ in rows))
-            gens = self.backend.generate([prefix for prefix, _, _ in rows], params, [seed for _, _, seed in rows])
+            gens = self.backend.generate([prefix for prefix, _, _ in rows], params, [seed for _, _, seed in rows],
+                                         routing_keys=[lv.tree.tree_id for lv in lives])
             still = []
             for live, gen, (_, budget, _) in zip(lives, gens, rows):
                 _keep_state(live, gen)

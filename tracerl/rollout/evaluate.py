@@ -194,7 +194,7 @@ def load_policy(model: str, device: str = "cpu", tiny_preset: str = "default") -
     from tracerl.models.backend import HFPolicy
 
     if model == "tiny":
-        from tracerl.models.loading import load_model
+        from tracerl.testbed.loading import load_model
 
         net, tokenizer = load_model("tiny", tiny_preset=tiny_preset, device=device)
         net.eval()

@@ -45,8 +45,9 @@ TOOL_THREADS = 4
 class RequestStream(Protocol):
     """A backend that takes one generation request at a time and is stepped by its caller."""
 
-    def submit(self, prefix: list[int], params: SamplingParams, seed: int | None) -> str:
-        """Queue one request (``prefix`` ids, at most ``params.max_new_tokens``); returns its id."""
+    def submit(self, prefix: list[int], params: SamplingParams, seed: int | None, routing_key: str | None = None) -> str:
+        """Queue one request (``prefix`` ids, at most ``params.max_new_tokens``); returns its id.
+        ``routing_key`` is the request's tree id (sticky routing: a tree's branches share one cache)."""
         ...
 
     def poll(self) -> list[tuple[str, Generation]]:
@@ -110,7 +111,8 @@ class _Run:
 
     def submit(self, i: int) -> None:
         prefix, budget, seed = self.engine._row(self.lives[i])
-        request = self.engine.backend.submit(prefix, self.engine._params(budget), seed)
+        request = self.engine.backend.submit(prefix, self.engine._params(budget), seed,
+                                             routing_key=self.lives[i].tree.tree_id)
         self.requests[request] = (i, budget)
         self.rounds[i] += 1
         self.stats.requests += 1

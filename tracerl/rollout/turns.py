@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from tracerl.core.types import RolloutTree, Task, Trajectory, Turn
 from tracerl.models.backend import Generation, SamplingParams
-from tracerl.models.sampling import derive_seed
+from tracerl.core.seeds import derive_seed
 
 if TYPE_CHECKING:  # the engine imports this module
     from tracerl.rollout.engine import EngineConfig, Verifier
@@ -39,10 +39,12 @@ class _TreeState:
     episodes: dict[int, Any] = field(default_factory=dict)
     branches: dict[int, int] = field(default_factory=dict)
 
-    def next_branches(self, node_id: int, k: int) -> range:
-        first = self.branches.get(node_id, 0)
-        self.branches[node_id] = first + k
-        return range(first, first + k)
+    def next_branches(self, node_id: int, k: int, first: int | None = None) -> range:
+        """Branch indices of ``k`` new continuations of ``node_id``: from ``first`` (the driver's
+        count, so any executor numbers them alike) or, when None, from this tree's own count."""
+        start = self.branches.get(node_id, 0) if first is None else int(first)
+        self.branches[node_id] = max(self.branches.get(node_id, 0), start + k)
+        return range(start, start + k)
 
 
 @dataclass

@@ -24,12 +24,19 @@ from tracerl.envs.environments import ENVIRONMENTS, load_tools
 from tracerl.envs.verifiers import VERIFIERS
 from tracerl.models.factory import BACKENDS, VLLM_MISSING, vllm_available, vllm_missing
 from tracerl.models.lora import PEFT_MISSING, peft_available
-from tracerl.models.tiny_config import DEFAULT_WORLD
+from tracerl.testbed.tiny_config import DEFAULT_WORLD
 from tracerl.rollout.engine import EngineConfig
-from tracerl.rollout.schemes import SCHEMES, SchemeConfig
+from tracerl.allocation.schemes import SCHEMES, SchemeConfig
 from tracerl.train.config_checks import check_budget, check_device, check_extra, check_finite, check_model_source
+from tracerl.train.config_ranges import check_numbers
+from tracerl.train.divergence import DivergenceConfig
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, parse_yaml, to_dict
 from tracerl.train.presets import PRESETS, SMOKE
+from tracerl.train.data_source import DATA_PATHS, infer_data_source, synthwiki_ignores_paths
+
+
+EXECUTORS = ("local",)
+"""Values of ``rollout.executor``."""
 
 
 def _one_of(section: str, name: str, value: Any, allowed: list[str] | tuple[str, ...]) -> None:
@@ -72,7 +79,7 @@ class DataConfig:
     """Memorisation check: training-split questions of a world whose facts were re-drawn."""
     tasks: str = ""
     """``files`` source: training tasks (``.jsonl``; also ``.json`` list or ``.parquet``, the latter
-    with ``pip install 'tracerl[datasets]'``). ``tracerl data convert`` writes it from raw files."""
+    with ``pip install -e '.[datasets]'``). ``tracerl data convert`` writes it from raw files."""
     corpus: str = ""
     """``files`` source: corpus (``id, title, text``; same file types as ``data.tasks``)."""
     eval_tasks: str = ""
@@ -92,11 +99,19 @@ class DataConfig:
     shuffle: bool = True
     """Shuffle training tasks once (seeded); the data cursor walks that order."""
     tool_timeout_s: float | None = 30.0
-    """Seconds one tool call may run before it counts as an infrastructure failure (the call is
-    abandoned on a daemon thread, so a hung tool never blocks the process from exiting).
+    """Seconds one tool call may run before it counts as an infrastructure failure (an isolated
+    tool's worker process is killed; an in-process call is abandoned on a daemon thread, so a hung
+    tool never blocks the process from exiting).
     ``null`` switches the limit off; 0 is rejected as ambiguous."""
     max_failed_tool_steps: int = 3
-    """Stop the run when every tool call of this many consecutive steps failed (see envs/health.py)."""
+    """Stop the run when one tool failed every call in this many consecutive steps in which it was
+    called (counted per tool, see envs/health.py)."""
+    isolate_tools: bool = True
+    """Run the ``data.tools`` plug-ins in a worker process that is killed at ``data.tool_timeout_s``,
+    so a tool hung while holding the GIL cannot stall the run. A call costs 0.05-0.08 ms, as much
+    as an in-process call on its timeout thread (benchmarks/tool_isolation.py). ``false``: in-process
+    on a thread (a hung call is abandoned, not killed). The built-in ``search``/``open`` always run
+    in-process."""
     max_line_bytes: int = MAX_LINE_BYTES
     """``files`` source: longest line (one record) of a data file; a longer one is refused when the
     data is loaded, before the run folder exists (memory stays bounded whatever the file holds)."""
@@ -112,7 +127,7 @@ class DataConfig:
         if not isinstance(self.tools, list) or not all(isinstance(t, str) for t in self.tools):
             raise ConfigError(f"data.tools must be a list of package.module:function paths, got {self.tools!r}")
         try:
-            names = [tool.name for tool in load_tools(self.tools)]
+            names = [tool.name for tool in load_tools(self.tools, self.isolate_tools)]
         except RegistryError as err:
             raise ConfigError(f"data.tools: {err}") from None
         if len(set(names)) < len(names):
@@ -123,6 +138,9 @@ class DataConfig:
         check_finite("data", self)
         if self.tool_timeout_s is not None and not self.tool_timeout_s > 0:
             raise ConfigError(f"data.tool_timeout_s must be > 0 seconds, or null for no limit; got {self.tool_timeout_s}")
+        ignored = synthwiki_ignores_paths(self.source, {k: getattr(self, k) for k in DATA_PATHS})
+        if ignored:
+            raise ConfigError(ignored)
         if self.source == "files":
             if not (self.tasks and self.corpus):
                 raise ConfigError("data.source = 'files' needs data.tasks and data.corpus")
@@ -136,7 +154,7 @@ class DataConfig:
 
 @dataclass
 class LoraConfig:
-    """Optional LoRA adapter through peft (``pip install 'tracerl[lora]'``); ``r = 0`` is off.
+    """Optional LoRA adapter through peft (``pip install -e '.[lora]'``); ``r = 0`` is off.
 
     With LoRA only the adapter trains, and the frozen reference is the same model with the
     adapter disabled (no second copy of the weights)."""
@@ -201,7 +219,7 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     backend: str = "hf"
     """Rollout generation: ``hf`` (the built-in Hugging Face sampling loop on the training model)
-    or ``vllm`` (``pip install 'tracerl[vllm]'``; weights pushed after every update)."""
+    or ``vllm`` (``pip install -e '.[vllm]'``; weights pushed after every update)."""
     vllm_gpu_memory_utilization: float = 0.5
     """``vllm`` only: share of the GPU memory vLLM may take (the trainer keeps the rest)."""
     vllm_sleep: bool = False
@@ -241,9 +259,13 @@ class RolloutConfig:
     """Prompts offered to the scheme per step (trace chooses among them; chain takes budget/n)."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     schemes: SchemeConfig = field(default_factory=SchemeConfig)
+    executor: str = "local"
+    """What runs the rollouts the scheme plans: ``local`` (in this process, sharing the trainer's
+    model). Built from a plain-data ``WorkerSpec`` by ``tracerl.train.workers.build_executor``."""
 
     def __post_init__(self) -> None:
         _registered("rollout", "scheme", self.scheme, SCHEMES)
+        _one_of("rollout", "executor", self.executor, EXECUTORS)
         _positive("rollout", budget=self.budget, pool_size=self.pool_size)
         check_finite("rollout", self)
         if not self.engine.temperature > 0:  # the update divides logits by it: 0 makes every log-prob NaN
@@ -330,6 +352,10 @@ class OptimConfig:
     update (``always``), never (``never``: trust the sampler's), or when the sampler is another
     engine (``auto``: when ``model.backend != 'hf'``). When recomputed, the per-step
     ``logprob_mismatch_mean_abs``/``_max`` between sampler and trainer log-probs are logged."""
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    """Warn (or stop: ``optim.divergence.mode=stop``) when training collapses with finite weights:
+    loss, gradient norm or KL jumping by orders of magnitude, sampled entropy rising to uniform,
+    valid actions and reward falling to 0 and staying there (see train/divergence.py)."""
 
     def __post_init__(self) -> None:
         _one_of("optim", "schedule", self.schedule, ["constant", "cosine", "linear"])
@@ -407,6 +433,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _one_of("<root>", "preset", self.preset, list(PRESETS))
+        check_numbers(self)  # no boolean for a number, every number in a computable range
         if self.steps < 1:
             raise ConfigError(f"steps must be >= 1, got {self.steps}")
         if self.algo.policy_loss in SEQUENCE_LEVEL_LOSSES and self.optim.loss_agg != "seq-mean-token-mean":
@@ -443,10 +470,10 @@ def resolve_config(
     data: dict[str, Any] = merge(to_dict(TrainConfig()), {"preset": preset, **PRESETS[preset]})
     if smoke:
         data = merge(data, SMOKE)
-    if config_file:
-        data = merge(data, load_yaml(config_file))
+    user: dict[str, Any] = load_yaml(config_file) if config_file else {}
     for text in overrides or []:
-        data = merge(data, parse_override(text))
+        user = merge(user, parse_override(text))
+    data = merge(data, infer_data_source(user))  # data paths without data.source mean files
     config = from_dict(TrainConfig, data)
     # Facts of this machine, checked where a run starts (and on resume: train/run.py), not in the
     # dataclass: a run's config.yaml must stay loadable elsewhere (eval, plot, a CPU-only machine).

@@ -131,12 +131,12 @@ def _check_model_folder(path: Path, field: str) -> None:
 def check_extra(field: str, enabled: bool, module: str, extra: str) -> None:
     """An optional logger that is switched on must be installed (found without importing it)."""
     if enabled and importlib.util.find_spec(module) is None:
-        raise ConfigError(f"{field} = true needs the {module} package: pip install tracerl[{extra}] "
+        raise ConfigError(f"{field} = true needs the {module} package: pip install -e '.[{extra}]' "
                           f"(or set {field}=false)")
 
 
 def check_budget(scheme: str, budget: int, pool_size: int, schemes: Any) -> None:
-    """``rollout.budget`` must be spendable by the scheme (what ``rollout/schemes.py`` requires).
+    """``rollout.budget`` must be spendable by the scheme (what ``allocation/schemes.py`` requires).
 
     chain (and dapo) spend the budget in whole groups of ``group_size`` on distinct pool
     prompts; tree_random in prompts of ``tree_cost_per_prompt`` planned rollouts; trace gives a

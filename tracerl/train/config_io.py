@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import dacite
 import yaml
 
-from tracerl.bounded import MiB, TooLarge, read_limited
+from tracerl.envs.bounded import MiB, TooLarge, read_limited
 from tracerl.errors import UserError
 from tracerl.train.yaml_safe import YamlBombError, load_bounded
 
@@ -153,6 +153,9 @@ def parse_override(text: str) -> dict[str, Any]:
         value = load_bounded(raw) if raw.strip() else ""
     except (yaml.YAMLError, YamlBombError) as err:
         raise ConfigError(f"override {text!r}: value is not valid YAML ({err})") from None
+    except ValueError as err:  # e.g. an integer of more than 4300 digits (Python's conversion limit)
+        raise ConfigError(f"override {key.strip()}: the value ({len(raw)} characters) cannot be read as "
+                          f"a number ({err})") from None
     nested: dict[str, Any] = {parts[-1]: _yaml_number(value)}
     for part in reversed(parts[:-1]):
         nested = {part: nested}

@@ -84,7 +84,7 @@ def run_environment(documents: list[Document], data: DataConfig, engine: EngineC
     place a run's environment is built (training, and ``tracerl eval --run`` on other files)."""
     settings = EnvSettings(data.search_top_k, env_config(engine, data.tool_timeout_s))
     try:
-        return build_environment(data.environment, documents, settings, data.tools)
+        return build_environment(data.environment, documents, settings, data.tools, data.isolate_tools)
     except RegistryError as err:
         raise UserError(str(err)) from None
 

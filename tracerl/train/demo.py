@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,8 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tracerl.envs.synthwiki import build_world, write_world
-from tracerl.models.tiny import load_or_pretrain
-from tracerl.models.tiny_config import get_preset
+from tracerl.testbed.tiny import load_or_pretrain
+from tracerl.testbed.tiny_config import get_preset
 from tracerl.train.config import TrainConfig, config_to_yaml, resolve_config
 from tracerl.train.loop import Trainer
 from tracerl.train.metrics import console_line
@@ -102,7 +103,17 @@ def run_demo(out: str | Path, train_minutes: float | None = None, console: Conso
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _print_summary(console, summary)
+    console.print(next_steps(run_dir))
     return summary
+
+
+def next_steps(run_dir: Path) -> str:
+    """Where the ``tracerl`` command is (``make demo`` installs it into ``.venv``) and what to run next."""
+    bin_dir = Path(sys.executable).parent
+    command = bin_dir / "tracerl"
+    path = f"`. {bin_dir / 'activate'}` puts it on PATH" if (bin_dir / "activate").is_file() else "it is on PATH"
+    return (f"tracerl is {command} ({path}). Next: tracerl eval --run {run_dir}; tracerl view {run_dir}; "
+            f"tracerl plot {run_dir}")
 
 
 def _print_summary(console: Console, summary: dict[str, Any]) -> None:

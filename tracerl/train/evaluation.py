@@ -62,7 +62,7 @@ def _is_latest(run_dir: Path, folder: Path) -> bool:
 def _load_checkpoint(run_dir: Path, folder: Path, device: str, trust_code: bool) -> tuple[Any, Any, TrainConfig]:
     """Model, tokenizer and config of checkpoint ``folder``; a LoRA checkpoint holds only the adapter:
     the base comes from the run's ``initial/`` and the adapter is loaded into it."""
-    from tracerl.models.loading import load_model
+    from tracerl.testbed.loading import load_model
     from tracerl.train.initial import initial_source
     from tracerl.train.loop import INITIAL
 

@@ -12,7 +12,6 @@ import math
 import random
 import time
 import warnings
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
@@ -21,28 +20,26 @@ import torch
 
 from tracerl.agent.formats import get_format
 from tracerl.allocation.predictor import SuccessPredictor
+from tracerl.allocation.schemes import get_scheme
+from tracerl.allocation.session import RolloutSession
 from tracerl.core.advantages import AdvantageBatch, get_estimator
+from tracerl.core.seeds import derive_seed
 from tracerl.core.types import Trajectory
-from tracerl.envs.coverage import check_tokenizer_coverage
-from tracerl.envs.health import ToolHealth
-from tracerl.envs.verifiers import get_verifier
-from tracerl.models.factory import make_backend, make_reference_engine
+from tracerl.envs.coverage import check_tokenizer_coverage, check_tool_coverage
+from tracerl.envs.health import ToolHealth, ToolStats
+from tracerl.models.factory import make_reference_engine
 from tracerl.models.lora import apply_lora, trainable_parameters
 from tracerl.models.memory import enable_gradient_checkpointing
 from tracerl.models.precision import DTYPES, compute_context, grad_scaler
-from tracerl.models.sampling import derive_seed
 from tracerl.models.scoring import ReferenceScorer
-from tracerl.rollout.engine import RolloutEngine
-from tracerl.rollout.evaluate import evaluate
-from tracerl.rollout.executor import LocalExecutor
-from tracerl.rollout.schemes import get_scheme
-from tracerl.rollout.session import RolloutSession
 from tracerl.train.config import TrainConfig
 from tracerl.train.data import load_task_data, take_pool
+from tracerl.train.divergence import DivergenceMonitor, step_signals
 from tracerl.train.metrics import MetricsLog
 from tracerl.train.rollout_log import RolloutLog
 from tracerl.train.runstate import INITIAL, NonFiniteTrainingError, RunLifecycle  # noqa: F401 - INITIAL re-exported
 from tracerl.train.update import policy_update, update_settings, with_trainer_logprobs
+from tracerl.train.workers import LiveParts, build_executor, worker_spec
 
 
 
@@ -106,6 +103,8 @@ class Trainer(RunLifecycle):
             warnings.warn(f"tokenizer coverage: {line}", stacklevel=2)
         self.fmt = get_format(cfg.model.format, tokenizer=self.tokenizer, system=cfg.model.system_prompt,
                               tool_list=cfg.model.tool_list)
+        for line in check_tool_coverage(self.tokenizer, self.data.environment.tools, self.fmt, self.data.train[0]):
+            warnings.warn(f"tokenizer coverage: {line}", stacklevel=2)  # an <unk> tool name is refused above
         self.model = _prepare_policy(self.model, cfg)
         needs_reference = cfg.algo.credit or cfg.optim.kl_coef > 0
         # The frozen reference needs no float32 master copy: keep it in the working precision.
@@ -120,17 +119,12 @@ class Trainer(RunLifecycle):
             self.reference_engine = make_reference_engine(cfg.model, self.reference.model, self.tokenizer,
                                                           seed=cfg.seed)
             self.reference.batch_scorer = self.reference_engine
-        verifier = get_verifier(cfg.data.verifier)
-        self.backend = make_backend(cfg.model, self.model, self.tokenizer, seed=cfg.seed)
-        self.engine = RolloutEngine(self.backend, self.data.environment, self.fmt, verifier, cfg.rollout.engine)
-        eval_engine_cfg = replace(cfg.rollout.engine, temperature=cfg.eval.temperature)
-        self.eval_engine = RolloutEngine(self.backend, self.data.environment, self.fmt, verifier, eval_engine_cfg)
-        score = self.reference.score if (self.reference and cfg.algo.credit) else None
-        self.executor = LocalExecutor(self.engine, score)
+        # rollout.executor: the trainer reaches the policy backend only through it (the HF backend shares self.model)
+        live = LiveParts(self.model, self.tokenizer, self.fmt, self.data.environment, self.reference)
+        self.executor = build_executor(worker_spec(cfg, self.run_dir / INITIAL), live)
         self.predictor = SuccessPredictor(cfg.predictor) if cfg.uses_predictor else None
-        if self.predictor is not None and cfg.predictor.uses_hidden:  # HF only (checked by the config)
-            self.backend.record_states = True  # type: ignore[attr-defined]
-        self.scheme = get_scheme(cfg.rollout.scheme, cfg.rollout.schemes, self.predictor, score is not None)
+        self.scheme = get_scheme(cfg.rollout.scheme, cfg.rollout.schemes, self.predictor,
+                                 self.reference is not None and cfg.algo.credit)
         recompute = cfg.optim.recompute_old_logprobs
         self.recompute_old_logprobs = recompute == "always" or (recompute == "auto" and cfg.model.backend != "hf")
         self.estimator = get_estimator(cfg.algo.estimator)
@@ -146,9 +140,11 @@ class Trainer(RunLifecycle):
         self.totals = {"rollouts": 0, "generated_tokens": 0}
         self.nonfinite = {"streak": 0, "total": 0}
         self.tool_health = ToolHealth(cfg.data.max_failed_tool_steps)
+        self.divergence = DivergenceMonitor(cfg.optim.divergence, vocab_size=len(self.tokenizer))
         self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, config=cfg)
         self.rollout_log = RolloutLog(self.run_dir, self.tasks, enabled=cfg.log.rollouts,
-                                      decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False))
+                                      decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
+                                      credit=cfg.algo.advantage if cfg.algo.credit else None)
         if self.resume_from is None:  # a (re)start from step 0 keeps no records of a lost attempt
             self.rollout_log.truncate_after(0)
         if self.resume_from is not None:
@@ -163,13 +159,13 @@ class Trainer(RunLifecycle):
 
         pool = take_pool(self.data.train, self.cursor, cfg.rollout.pool_size)
         self.model.eval()
-        self.data.environment.take_tool_stats()  # drop calls made outside training (evaluation)
-        # Every generate row's seed derives from (run seed, step, tree, node, branch, turn).
-        session = RolloutSession(self.executor, derive_seed(cfg.seed, "step", self.step_index))
+        # Every generate row's seed derives from (run seed, step, tree, node, branch, turn); the
+        # backend holds the weights of step_index optimiser steps (the version the requests ask for).
+        session = RolloutSession(self.executor, derive_seed(cfg.seed, "step", self.step_index), self.step_index)
         with self._compute():
             result = self.scheme.collect(session, pool, cfg.rollout.budget, self.generator)
-        tools = self.data.environment.take_tool_stats()
-        self.tool_health.observe(tools.calls, tools.failures, tools.last_failure)  # stops a run whose tools all fail
+        tools = sum((ToolStats(**r) for r in session.tool_stats), ToolStats())  # read off the results
+        self.tool_health.observe(tools)  # stops a run one of whose tools fails every call
         self.cursor += result.consumed
         trajectories = [t for tree in result.trees for t in tree.trajectories.values()]
         clock = self._phase_end(timings, "rollout", clock)
@@ -185,10 +181,10 @@ class Trainer(RunLifecycle):
         clock = self._phase_end(timings, "advantages", clock)
 
         if cfg.model.vllm_sleep:  # the engine's KV memory serves the update, its weights wait on the host
-            self.backend.sleep(level=1)
+            self.executor.sleep(level=1)
         update = self._update([(t, a) for t, a in zip(trajectories, advantages) if not t.infra_failed])
         if cfg.model.vllm_sleep:
-            self.backend.wake_up()
+            self.executor.wake_up()
         self.executor.sync_weights(self.model, self.step_index + 1)  # the backend samples from the new weights
         clock = self._phase_end(timings, "update", clock)
 
@@ -202,6 +198,7 @@ class Trainer(RunLifecycle):
         self.totals["generated_tokens"] += result.cost.generated_tokens
         record = self._record(result, trajectories, update, predictor_metrics, timings)
         record.update(tool_calls=tools.calls, tool_failures=tools.failures, **self._peaks)
+        record.update(step_signals(trajectories))  # valid-action rate and sampled entropy (divergence tests)
         record.update(time_rollout_execute=rollout_inner["execute"], time_rollout_readiness=rollout_inner["score"],
                       # generation throughput of the backend (hf or vllm): tokens over executor time
                       generated_tokens_per_s=result.cost.generated_tokens / max(rollout_inner["execute"], 1e-9))
@@ -276,16 +273,13 @@ class Trainer(RunLifecycle):
     def evaluate(self, tasks: list, label: str = "eval") -> dict[str, float]:
         """Accuracy on ``tasks`` with a generator of its own, so evaluating never shifts training."""
         self.model.eval()
-        generator = torch.Generator().manual_seed(self.config.seed + 7919 * self.step_index)
-        with self._compute():
-            report = evaluate(self.eval_engine, tasks[: self.config.eval.size], samples=1, generator=generator)
-        # Evaluation's prefixes must not serve the next training step: a resumed run starts with an
-        # empty store, and KV recomputed in other batch shapes may differ in the last bits on a GPU.
-        self.backend.clear_prefix_cache()
+        with self._compute():  # the executor clears its prefix cache after (evaluation's KV must not serve training)
+            metrics = self.executor.evaluate(tasks[: self.config.eval.size], samples=1,
+                                             seed=self.config.seed + 7919 * self.step_index)
         by_hops = {f"{label}_accuracy_hops{key[len('em_hops'):]}": value
-                   for key, value in report.metrics.items() if key.startswith("em_hops")}
-        return {f"{label}_accuracy": report.metrics["em"], f"{label}_f1": report.metrics["f1"],
-                f"{label}_turns": report.metrics["mean_turns"], **by_hops}
+                   for key, value in metrics.items() if key.startswith("em_hops")}
+        return {f"{label}_accuracy": metrics["em"], f"{label}_f1": metrics["f1"],
+                f"{label}_turns": metrics["mean_turns"], **by_hops}
 
     # --- the run ----------------------------------------------------------------------------
 
@@ -310,6 +304,7 @@ class Trainer(RunLifecycle):
             self.echo(record)
             records.append(record)
             self._stop_if_nonfinite_streak()
+            self.divergence.observe(record, self._last_good)  # stops (or warns) when training collapsed
             if self.step_index % self.config.log.checkpoint_every == 0 or last:
                 self.save()
         return records

@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from tracerl.bounded import MiB, line_too_long, lines_limited, loads_json, open_regular
+from tracerl.envs.bounded import MiB, line_too_long, lines_limited, loads_json, open_regular
 from tracerl.train.runfolder import fsync_dir, write_atomic
 
 METRICS_FILE = "metrics.jsonl"
@@ -79,13 +79,13 @@ class MetricsLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as err:
-                raise RuntimeError("log.tensorboard=true needs `pip install tracerl[tensorboard]`") from err
+                raise RuntimeError("log.tensorboard=true needs `pip install -e '.[tensorboard]'`") from err
             self._tb = SummaryWriter(str(run_dir / "tensorboard"))
         if wandb:
             try:
                 import wandb as wandb_module
             except ImportError as err:
-                raise RuntimeError("log.wandb=true needs `pip install tracerl[wandb]`") from err
+                raise RuntimeError("log.wandb=true needs `pip install -e '.[wandb]'`") from err
             log_cfg = getattr(config, "log", None)
             self._wandb = wandb_module.init(project=getattr(log_cfg, "wandb_project", "tracerl"),
                                             entity=getattr(log_cfg, "wandb_entity", "") or None,

@@ -6,6 +6,11 @@ rollout axes use compact engineering labels (``100k``, ``1.2M``) on at most a fe
 labels never overlap. Accuracy curves start at step 0 when the run evaluated its initial
 policy (``eval.at_start: true``); otherwise they start at the first evaluation. ``smooth``
 draws an exponential moving average over the raw (faded) points.
+
+The training-reward panel says under its title that it is no comparison between methods: its
+value depends on which prompts were trained on, and TRACE allocation spends its budget on
+prompts it predicts to be solvable (easier ones), so its training reward runs higher at equal
+skill. Held-out accuracy (the first two panels) is the comparison.
 """
 
 from __future__ import annotations
@@ -69,14 +74,17 @@ def _with_costs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Records with cumulative ``tokens`` and ``rollouts`` (a step-0 record adds nothing)."""
     tokens = _cumulative([r.get("generated_tokens", 0) or 0 for r in records])
     rollouts = _cumulative([r.get("rollouts", 0) or 0 for r in records])
-    return [{**r, "tokens": t, "cum_rollouts": n} for r, t, n in zip(records, tokens, rollouts)]
+    return [{**r, "tokens": t, "cum_rollouts": n}
+            for r, t, n in zip(records, tokens, rollouts, strict=True)]
 
 
 PANELS = (  # (x key, y key, x label, y label, title)
     ("tokens", "eval_accuracy", "generated tokens (cumulative)", "held-out accuracy", "Accuracy vs tokens"),
     ("cum_rollouts", "eval_accuracy", "continuation rollouts (cumulative)", "held-out accuracy", "Accuracy vs rollouts"),
     ("step", "effective_ratio", "step", "effective ratio", "Share of mixed groups"),
-    ("step", "reward_mean", "step", "mean reward", "Training reward"),
+    ("step", "reward_mean", "step", "mean reward",
+     "Training reward\n(depends on which prompts were chosen: TRACE picks\neasier ones; "
+     "compare held-out accuracy)"),
     ("step", "loss", "step", "policy loss", "Loss"),
     ("step", "turns_mean", "step", "turns per trajectory", "Turns"),
 )
@@ -88,15 +96,17 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None, 
         raise ValueError("plot_runs needs at least one run folder")
     if not 0.0 <= smooth < 1.0:
         raise ValueError(f"--smooth must be in [0, 1) (0: raw curves; 0.6 is mild), got {smooth}")
+    if labels is not None and len(labels) != len(run_dirs):
+        raise ValueError(f"labels: {len(labels)} given for {len(run_dirs)} run folders; give one per run")
     labels = labels or [Path(d).name for d in run_dirs]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     flat = list(axes.flat)
-    for run_dir, label in zip(run_dirs, labels):
+    for run_dir, label in zip(run_dirs, labels, strict=True):
         records = _with_costs(read_metrics(Path(run_dir)))
-        for ax, (x_key, y_key, *_rest) in zip(flat, PANELS):
+        for ax, (x_key, y_key, *_rest) in zip(flat, PANELS, strict=True):
             marker = "o" if y_key == "eval_accuracy" else ""
             _draw(ax, *_series(records, x_key, y_key), label=label, smooth=smooth, marker=marker)
-    for ax, (x_key, y_key, x_label, y_label, title) in zip(flat, PANELS):
+    for ax, (x_key, y_key, x_label, y_label, title) in zip(flat, PANELS, strict=True):
         ax.set(xlabel=x_label, ylabel=y_label, title=title)
         ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
         if x_key in ("tokens", "cum_rollouts"):

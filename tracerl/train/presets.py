@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from tracerl.models.tiny_config import SMOKE_WORLD
+from tracerl.testbed.tiny_config import SMOKE_WORLD
 from tracerl.train.config_io import merge
 
 # Methods as presets (spec section 4): the same loop and budget, different scheme/estimator.
@@ -48,3 +48,8 @@ SMOKE: dict[str, Any] = {
     "optim": {"micro_batch_size": 8},
     "eval": {"every": 0, "size": 8},
 }
+
+# `--smoke-pretrained`: the smoke overlay on the smoke-pretrained tiny model (pretrained once in
+# about 30 s on one CPU core, then cached) instead of a random one, sampled a little cooler, so a
+# run of seconds calls tools, rewards some episodes and (with credit on) scores readiness.
+SMOKE_PRETRAINED: list[str] = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "rollout.engine.temperature=0.7"]

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
+from tracerl.errors import UserError
 from tracerl.train.checkpoint import latest_checkpoint
 from tracerl.train.config_checks import check_device
 from tracerl.train.config import resolve_config
 from tracerl.train.loop import Trainer
-from tracerl.train.metrics import console_line, is_interactive
+from tracerl.train.console import footer, header, progress_line, terminal_width
 from tracerl.train.run_config import read_run_config
 from tracerl.train.runfolder import RunFolderError, check_run_folder, refuse_if_state
 
@@ -44,14 +47,18 @@ def start_training(preset: str, out: str | Path, *, config_file: str | None = No
     return lambda: _run(trainer, config.steps)
 
 
-def resume_training(run_dir: str | Path, steps: int | None = None,
-                    device: str | None = None, trust_code: bool = False) -> Callable[[], list[dict[str, Any]]]:
+def resume_training(run_dir: str | Path, steps: int | None = None, device: str | None = None,
+                    notify: Callable[[str], None] | None = None,
+                    trust_code: bool = False) -> Callable[[], list[dict[str, Any]]]:
     """Continue a run from its newest checkpoint with the config it was started with.
 
     A run killed before its first checkpoint has only ``config.yaml`` (and partial state): it
     restarts from step 0 with that config, which is what a fresh start would do. A fresh start
     on such a folder is refused, so nothing is reused or overwritten without ``--resume``.
+    A target at or below the checkpoint's step is refused in one line; ``notify`` (default:
+    stderr) is told which checkpoint was loaded.
     """
+    notify = notify or _stderr
     run_dir = Path(run_dir)
     check_run_folder(run_dir)
     folder = latest_checkpoint(run_dir)
@@ -61,31 +68,42 @@ def resume_training(run_dir: str | Path, steps: int | None = None,
     config = read_run_config(source, trust_code=trust_code)  # imports no plug-in the user did not trust
     if steps is not None:
         config.steps = steps
+    done = checkpoint_step(folder) if folder is not None else 0
+    if config.steps <= done:  # nothing to train: say so instead of exiting 0 in silence
+        asked = f"--steps {steps}" if steps is not None else f"its config's steps = {config.steps}"
+        raise UserError(f"{run_dir} is already at step {done} ({folder}) and {asked} asks for no more; "
+                        f"give --steps above {done} to continue it")
     if device is not None:  # e.g. a run started on cuda:1 continues on a machine with one GPU
         config.model.device = device
     check_device(config.model.device)
     trainer = Trainer(config, run_dir, resume=True)
+    loaded = f"from {folder} (step {done})" if folder is not None else "with no checkpoint yet: from step 0"
+    notify(f"resuming {run_dir} {loaded} to step {config.steps}")
     return lambda: _run(trainer, config.steps)
 
 
+def checkpoint_step(folder: Path) -> int:
+    """The step a ``ckpt-NNNNNN`` folder holds (its name, checked by ``latest_checkpoint``)."""
+    return int(folder.name.removeprefix("ckpt-"))
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def _run(trainer: Trainer, steps: int) -> list[dict[str, Any]]:
+    """Train to ``steps`` between a header and a footer, one progress line per step (train/console.py)."""
     with trainer:  # releases the run folder's lock however the run ends
-        return _run_with_progress(trainer, steps)
-
-
-def _run_with_progress(trainer: Trainer, steps: int) -> list[dict[str, Any]]:
-    if not is_interactive():
-        trainer.echo = lambda record: print(console_line(record), flush=True)
-        return trainer.run(steps)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.description}"))
-    with Progress(*columns) as progress:
-        task = progress.add_task("", total=steps, completed=trainer.step_index)
+        parameters = sum(p.numel() for p in trainer.model.parameters())
+        print(header(trainer.config, trainer.run_dir, parameters, trainer.step_index), flush=True)
+        start, first = time.perf_counter(), trainer.step_index
+        width = terminal_width()
 
         def show(record: dict[str, Any]) -> None:
-            progress.update(task, completed=record["step"], description=console_line(record))
+            done = int(record["step"]) - first
+            print(progress_line(record, steps, time.perf_counter() - start, done, width), flush=True)
 
         trainer.echo = show
-        return trainer.run(steps)
+        records = trainer.run(steps)
+        print(footer(records, latest_checkpoint(trainer.run_dir)), flush=True)
+        return records

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tracerl.bounded import TooLarge, read_limited
+from tracerl.envs.bounded import TooLarge, read_limited
 from tracerl.core.registry import is_import_path
 from tracerl.train.config import TrainConfig
 from tracerl.train.config_io import MAX_CONFIG_BYTES, ConfigError, from_dict, parse_yaml

@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tracerl.models.loading import load_model
+from tracerl.errors import UserError
+from tracerl.testbed.loading import load_model
 from tracerl.models.threads import set_threads
 from tracerl.train.checkpoint import (
     LATEST,
@@ -41,8 +42,11 @@ INITIAL = "initial"
 model; see train/initial.py): the frozen reference is always rebuilt from it."""
 
 
-class NonFiniteTrainingError(RuntimeError):
-    """Training produced NaN/inf: too many skipped steps in a row, or non-finite weights at a save."""
+class NonFiniteTrainingError(UserError, RuntimeError):
+    """Training produced NaN/inf: too many skipped steps in a row, or non-finite weights at a save.
+
+    A :class:`~tracerl.errors.UserError` (the fix is a setting: the learning rate, the rewards), so
+    the command line prints its one line; still a ``RuntimeError`` for code that catches that."""
 
 
 class RunLifecycle:
@@ -72,6 +76,9 @@ class RunLifecycle:
     cursor: int
     totals: dict[str, int]
     nonfinite: dict[str, int]
+    tool_health: Any
+    divergence: Any
+    data: Any
 
     def _claim_run_folder(self, resume: bool) -> Path | None:
         """Lock the folder, clear temporaries, check its state; the checkpoint to resume from."""
@@ -115,8 +122,9 @@ class RunLifecycle:
                                      "the run cannot be resumed") from None
         vocab = None
         if cfg.model.name_or_path == "random-tiny":
-            from tracerl.models.tiny_data import vocabulary_texts
-            vocab = vocabulary_texts(cfg.data.world, self.fmt)
+            from tracerl.envs.coverage import tool_texts
+            from tracerl.testbed.tiny_data import vocabulary_texts
+            vocab = vocabulary_texts(cfg.data.world, self.fmt) + tool_texts(self.data.environment.tools)
         model, tokenizer = load_model(
             cfg.model.name_or_path, vocabulary_texts=vocab, tiny_preset=cfg.model.tiny_preset,
             dtype=cfg.model.dtype, device=device, seed=cfg.seed)
@@ -152,6 +160,9 @@ class RunLifecycle:
             "predictor": self.predictor.state_dict() if self.predictor is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": RngState.capture(self.generator).to_dict(),
+            "tool_health": self.tool_health.state_dict(),  # per-tool failure streaks
+            "eval_trees_started": self.executor.eval_engine.trees_started,  # seeds evaluation episodes
+            "divergence": self.divergence.state_dict(),  # the running baselines of the divergence tests
         }
         return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
                                config_to_yaml(self.config), self.config.log.keep_last)
@@ -168,6 +179,9 @@ class RunLifecycle:
         self.step_index, self.cursor, self.totals = state["step"], state["cursor"], state["totals"]
         self.nonfinite = dict(state.get("nonfinite", self.nonfinite))
         RngState.from_dict(state["rng"]).restore(self.generator)
+        self.tool_health.load_state_dict(state.get("tool_health", {}))
+        self.executor.eval_engine.trees_started = state.get("eval_trees_started", 0)
+        self.divergence.load_state_dict(state.get("divergence", {}))
         self.executor.sync_weights(self.model, self.step_index)  # the backend samples from the loaded weights
         self.log.truncate_after(self.step_index)
         self.rollout_log.truncate_after(self.step_index)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from tracerl.envs.synthwiki import WorldConfig
-from tracerl.models.tiny_data import ExplorerConfig
+from tracerl.testbed.tiny_data import ExplorerConfig
 
 _CACHE_VERSION = "tiny-v1"
 _EXPLORER_ADDED_LATER = ("guided", "hop_aware")

@@ -5,7 +5,7 @@ still plausible, and a file past it (a 50 MB line, a link to ``/dev/zero``) is r
 line naming the file (and line) instead of being read into memory. Nested JSON deeper than
 Python's recursion limit is a bad record too, not a ``RecursionError`` traceback.
 
-Pure Python; imports only :mod:`tracerl.errors`.
+Pure Python; imports only :mod:`tracerl.errors` (training reads its run folders through it too).
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tracerl.models.tiny_config import TinyModelConfig, resolve_precision
-from tracerl.models.tiny_data import Sample
+from tracerl.progress import clock, eta_seconds
+from tracerl.testbed.tiny_config import TinyModelConfig, resolve_precision
+from tracerl.testbed.tiny_data import Sample
 
 
 @dataclass
@@ -150,8 +151,10 @@ def train_causal_lm(model: Any, samples: list[Sample], config: TinyModelConfig, 
         log.tokens += sum(min(len(x.ids), config.seq_len) for row in rows for x in row)
         if progress and (step % 50 == 0 or step == config.steps - 1):
             elapsed = time.perf_counter() - start
+            eta = eta_seconds(elapsed, step + 1, config.steps - step - 1)
             print(f"pretrain step {step + 1}/{config.steps} loss {log.losses[-1]:.3f} "
-                  f"({log.tokens / max(elapsed, 1e-9):.0f} tok/s)", file=sys.stderr, flush=True)
+                  f"({log.tokens / max(elapsed, 1e-9):.0f} tok/s) {clock(elapsed)} elapsed, ETA {clock(eta)}",
+                  file=sys.stderr, flush=True)
     model.eval()
     model.to("cpu")
     log.seconds = time.perf_counter() - start

@@ -1,10 +1,10 @@
 """Rollout schemes: how one training step spends its budget of continuation rollouts.
 
 Schemes are planners: they read tree snapshots (and the success predictor) and emit requests
-through a :class:`~tracerl.rollout.session.RolloutSession` (start trees, expand
+through a :class:`~tracerl.allocation.session.RolloutSession` (start trees, expand
 ``(tree_id, node_id, k)``, score readiness); an executor runs them
 (:mod:`tracerl.rollout.executor`). Every scheme takes the same inputs (a session, or an
-executor or bare engine it wraps in one; an ordered pool of candidate prompts; a budget ``M``
+executor it wraps in one; an ordered pool of candidate prompts; a budget ``M``
 of continuation rollouts; a torch generator for its own random choices and, without an
 explicit ``seed``, the step's seed) and returns the same :class:`SchemeResult`:
 rollout trees (one per sampled prompt), the sampling cost counted both ways (continuation
@@ -18,7 +18,7 @@ rollouts and generated tokens, spec section 1) and the batch's effective ratio.
 * ``trace`` (TRACE allocation, spec section 3): stage 1 allocates root rollouts over the pool
   from the success predictor; stage 2 spends the rest on prefixes after observations.
 
-Outcome statistics (groups, mixed, effective ratio) live in :mod:`tracerl.rollout.outcomes`.
+Outcome statistics (groups, mixed, effective ratio) live in :mod:`tracerl.allocation.outcomes`.
 All schemes spend exactly ``M`` rollouts when the pool is large enough; see each class for the
 cases where that is impossible. The schemes never train the predictor: the trainer calls
 ``predictor.update(result.trees)`` after the step (once readiness scores exist).
@@ -35,22 +35,21 @@ import torch
 
 from tracerl.core.registry import Registry
 from tracerl.core.types import RolloutTree, Task
-from tracerl.rollout.engine import RolloutCost
-from tracerl.rollout.executor import ScoreFn
-from tracerl.rollout.outcomes import (  # noqa: F401 - group_outcomes, is_mixed re-exported (home: outcomes.py)
+from tracerl.core.protocol import RolloutCost
+from tracerl.allocation.outcomes import (  # noqa: F401 - group_outcomes, is_mixed re-exported (home: outcomes.py)
     _summary,
     _valid_rewards,
     effective_ratio,
     group_outcomes,
     is_mixed,
 )
-from tracerl.rollout.session import RolloutSession, as_session
+from tracerl.allocation.session import RolloutSession, as_session
 
 if TYPE_CHECKING:
     from tracerl.allocation.predictor import SuccessPredictor
 
 Target = Any
-"""What ``collect`` runs on: a RolloutSession, a RolloutExecutor or a bare RolloutEngine."""
+"""What ``collect`` runs on: a RolloutSession or a rollout executor (wrapped in a session)."""
 
 SCHEME_NAMES = ("chain", "dapo", "tree_random", "trace")
 """The built-in schemes (:data:`SCHEMES` holds them and any registered later)."""
@@ -382,13 +381,12 @@ def get_scheme(
     name: str,
     config: SchemeConfig | None = None,
     predictor: SuccessPredictor | None = None,
-    score: ScoreFn | bool | None = None,
+    score: bool | None = None,
 ) -> RolloutScheme:
     """The scheme called ``name`` (or at an import path); ``predictor``/``score`` are used by ``trace``.
 
-    ``score``: trace asks the executor for readiness after each stage (``True``), and a bare
-    engine passed to ``collect`` is wrapped with this scorer when it is a callable
-    (``ReferenceScorer.score``). ``trace`` without a predictor spreads both stages evenly in pool
+    ``score``: trace asks the executor for readiness after each stage (the executor holds the
+    scorer). ``trace`` without a predictor spreads both stages evenly in pool
     and anchor order; the allocation 2x2 ablation arms are ``trace_roots`` / ``trace_prefixes``.
     """
     return SCHEMES.get(name)(config if config is not None else SchemeConfig(), predictor, score)

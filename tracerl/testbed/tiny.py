@@ -12,7 +12,7 @@ from scratch in a few minutes on CPU:
   engine's pieces one by one gives the same ids as encoding their concatenation.
 - :func:`pretrain_tiny_model`: plain PyTorch (AdamW, warmup + cosine LR) on SynthWiki documents
   and exploratory episodes over many re-drawn worlds (same names, fresh facts; see
-  :mod:`tracerl.models.tiny_data`).
+  :mod:`tracerl.testbed.tiny_data`).
 - :func:`load_or_pretrain`: the same, cached under ``$XDG_CACHE_HOME/tracerl/tiny/<hash>/``.
 """
 
@@ -37,8 +37,8 @@ from transformers.utils import logging as hf_logging
 
 from tracerl.agent.formats import get_format
 from tracerl.envs.synthwiki import WorldConfig
-from tracerl.models.tiny_config import PRESETS, TinyModelConfig, get_preset
-from tracerl.models.tiny_data import (
+from tracerl.testbed.tiny_config import PRESETS, TinyModelConfig, get_preset
+from tracerl.testbed.tiny_data import (
     ExplorerConfig,
     Sample,
     WorldTools,
@@ -48,7 +48,7 @@ from tracerl.models.tiny_data import (
     pretraining_worlds,
     vocabulary_texts,
 )
-from tracerl.models.tiny_train import TrainLog, train_causal_lm
+from tracerl.testbed.tiny_train import TrainLog, train_causal_lm
 
 __all__ = [
     "PRESETS", "ExplorerConfig", "TinyModelConfig", "build_tiny_tokenizer", "count_parameters",

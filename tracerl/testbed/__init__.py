@@ -1,0 +1,1 @@
+"""The testbed: the embedded tiny base model, its SynthWiki data and its pretraining."""

@@ -1,0 +1,76 @@
+"""What ``tracerl train`` prints: a header, one progress line per step, a footer.
+
+The progress line fits the terminal (``$COLUMNS``, else the terminal's width, else 100): step
+N/M, elapsed, ETA and the key metrics, which are dropped from the end, never cut mid-value,
+when the line would not fit. The full record is in ``metrics.jsonl``; the console is a glance.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tracerl.progress import clock, eta_seconds
+
+KEY_METRICS: tuple[tuple[str, str], ...] = (
+    ("eval_accuracy", "eval"),
+    ("reward_mean", "reward"),
+    ("effective_ratio", "mixed"),
+    ("loss", "loss"),
+)
+"""(record key, short label) shown after the clock, most important first."""
+FAULT_KEYS = ("infra_failed", "nonfinite_skipped_total")
+"""Shown only when non-zero, before the metrics: a failing tool or a skipped update matters more."""
+MIN_WIDTH = 40
+
+
+def terminal_width(default: int = 100) -> int:
+    """Columns of the terminal (``$COLUMNS`` first); ``default`` when not a terminal."""
+    return max(MIN_WIDTH, shutil.get_terminal_size((default, 24)).columns)
+
+
+def _value(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def progress_line(record: dict[str, Any], total: int, elapsed: float, done: int, width: int) -> str:
+    """One step's line, at most ``width`` characters.
+
+    ``total``: the run's target step; ``elapsed``: seconds since this process started training;
+    ``done``: steps this process ran (the ETA's pace, so a resumed run is not credited with
+    steps it did not run).
+    """
+    step = int(record["step"])
+    head = f"step {step}/{total}  {clock(elapsed)} ETA {clock(eta_seconds(elapsed, done, total - step))}"
+    parts = [f"{k}={record[k]}" for k in FAULT_KEYS if record.get(k)]
+    parts += [f"{label} {_value(record[k])}" for k, label in KEY_METRICS if record.get(k) is not None]
+    line = head
+    for part in parts:
+        if len(line) + 2 + len(part) > width:
+            break
+        line += "  " + part
+    return line[:width]
+
+
+def header(config: Any, run_dir: Path, parameters: int, start_step: int) -> str:
+    """``train trace | model tiny (0.99M parameters) | run runs/x | device cpu | steps 0 -> 200``."""
+    model = config.model.name_or_path
+    if model == "tiny":
+        model = f"tiny ({config.model.tiny_preset})"
+    return (f"train {config.preset} | model {model}, {parameters / 1e6:.2f}M parameters | run {run_dir} | "
+            f"device {config.model.device} | steps {start_step} -> {config.steps}")
+
+
+def footer(records: list[dict[str, Any]], checkpoint: Path | None) -> str:
+    """The last evaluation of this process's records and the checkpoint to resume or evaluate."""
+    evals = [r for r in records if r.get("eval_accuracy") is not None]
+    if evals:
+        last = evals[-1]
+        more = "".join(f", {label} {_value(last[k])}" for k, label in (("eval_f1", "F1"), ("eval_turns", "turns"))
+                       if last.get(k) is not None)
+        evaluation = f"final evaluation at step {last['step']}: accuracy {_value(last['eval_accuracy'])}{more}"
+    else:
+        evaluation = "no evaluation ran"
+    where = f"checkpoint {checkpoint}" if checkpoint is not None else "no checkpoint written"
+    return f"{evaluation} | {where}"

@@ -1,0 +1,117 @@
+"""The meaning of every key a run writes to ``metrics.jsonl`` (one entry per key or key family).
+
+Adding a metric is one line in :data:`METRICS`: ``Metric("key", "group", "meaning")``. A family
+of keys is one pattern with a placeholder: ``{k}`` (or ``{n}``) matches digits, any other
+``{name}`` a lower-case identifier (``eval_accuracy_hops{k}``, ``time_{phase}``). The most
+specific entry wins (an exact key over a pattern). ``tests/train/test_reference.py`` trains
+every preset for a step and fails on a key no entry matches; ``docs/reference.md`` is
+generated from this table (``tracerl config reference --out docs/reference.md``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    """``pattern``: a key or a key family; ``group``: the reference's section; ``doc``: its meaning."""
+
+    pattern: str
+    group: str
+    doc: str
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        return _compile(self.pattern)
+
+
+@functools.cache
+def _compile(pattern: str) -> re.Pattern[str]:
+    parts = re.split(r"(\{\w+\})", pattern)
+    body = "".join(("[0-9]+" if p in ("{k}", "{n}") else "[a-z0-9_]+") if p.startswith("{") else re.escape(p)
+                   for p in parts if p)
+    return re.compile(f"^{body}$")
+
+
+METRICS: tuple[Metric, ...] = (
+    # --- training batch
+    Metric("step", "training", "Training step this record closes (0: the `eval.at_start` evaluation)."),
+    Metric("reward_mean", "training", "Mean terminal reward of the step's trajectories (infrastructure failures left out)."),
+    Metric("accuracy", "training", "Share of the step's trajectories with reward > 0.5."),
+    Metric("effective_ratio", "training", "Share of the step's rollouts in groups with mixed rewards (spec section 1: they carry a learning signal)."),
+    Metric("rollouts", "training", "Continuation rollouts spent this step (the budget unit)."),
+    Metric("generated_tokens", "training", "Tokens the policy generated this step (forced observation tokens not counted)."),
+    Metric("total_rollouts", "training", "Rollouts since step 1 (the x axis of sample-efficiency curves)."),
+    Metric("total_generated_tokens", "training", "Generated tokens since step 1."),
+    Metric("prompts", "training", "Rollout trees (prompts) of the step."),
+    Metric("trajectories", "training", "Trajectories (root-to-leaf episodes) of the step."),
+    Metric("infra_failed", "training", "Trajectories whose tool call failed (raised, exited, timed out): left out of the loss."),
+    Metric("turns_mean", "training", "Mean assistant turns per trajectory."),
+    Metric("tool_calls", "training", "Tool calls made this step."),
+    Metric("tool_failures", "training", "Tool calls that failed this step (infrastructure failures)."),
+    Metric("readiness_gain_mean", "credit", "Mean l_T - l_0 over trajectories: how much the episode raised the frozen reference's readiness (log-prob of the gold answer); null without `algo.credit`."),
+    # --- update
+    Metric("loss", "update", "Policy loss of the step (mean over `optim.updates_per_step` optimiser steps)."),
+    Metric("kl", "update", "k3 KL to the frozen reference (0 unless `optim.kl_coef > 0`)."),
+    Metric("clip_fraction", "update", "Share of trained tokens whose importance ratio was clipped."),
+    Metric("grad_norm", "update", "Global gradient norm before clipping."),
+    Metric("trained_tokens", "update", "Tokens with a loss (sampled tokens of trajectories with non-zero advantage)."),
+    Metric("lr", "update", "Learning rate after this step's scheduler update."),
+    Metric("nonfinite_skipped", "update", "Optimiser steps skipped this step for a non-finite loss or gradient norm."),
+    Metric("nonfinite_skipped_total", "update", "Training steps with a skipped update since step 1 (`optim.max_nonfinite_steps` in a row stop the run)."),
+    Metric("scaler_skipped", "update", "float16 only: optimiser steps the gradient scaler skipped on overflow."),
+    Metric("logprob_mismatch_mean_abs", "update", "Mean |sampler - trainer| log-prob of sampled tokens, when old log-probs are recomputed (`optim.recompute_old_logprobs`)."),
+    Metric("logprob_mismatch_max", "update", "Largest |sampler - trainer| log-prob of a sampled token, when recomputed."),
+    # --- rollout scheme (prefix scheme_)
+    Metric("scheme_prompts", "scheme", "Prompt groups the scheme returned."),
+    Metric("scheme_mixed_prompts", "scheme", "Groups with both successes and failures."),
+    Metric("scheme_leaves", "scheme", "Terminal leaves (trajectories) over all groups."),
+    Metric("scheme_informative_leaves", "scheme", "Leaves in mixed groups (the numerator of `effective_ratio`)."),
+    Metric("scheme_success_rate", "scheme", "Share of leaves with reward > 0.5."),
+    Metric("scheme_dropped_groups", "scheme", "dapo: sampled groups dropped for uniform rewards (DAPO's dynamic sampling)."),
+    Metric("scheme_stage1_prompts", "scheme", "trace: prompts chosen in stage 1 (roots)."),
+    Metric("scheme_stage1_rollouts", "scheme", "trace: rollouts spent on the chosen roots."),
+    Metric("scheme_stage2_rollouts", "scheme", "trace: rollouts spent continuing turn prefixes (stage 2)."),
+    Metric("scheme_anchors", "scheme", "trace: turn prefixes (anchors) that stage 2 expanded."),
+    Metric("scheme_root_topup", "scheme", "trace: budget stage 2 could not place, spent as extra root rollouts."),
+    # --- success predictor (prefix predictor_, TRACE allocation)
+    Metric("predictor_n_nodes", "predictor", "Nodes of this step's trees the success predictor learned from."),
+    Metric("predictor_brier", "predictor", "Brier score of the predictor's values on this step's nodes, before it learned from them."),
+    Metric("predictor_auc", "predictor", "AUC of those values against the nodes' outcomes (null when all outcomes agree)."),
+    Metric("predictor_loss", "predictor", "The predictor's training loss on its replay buffer."),
+    Metric("predictor_buffer", "predictor", "Nodes in the predictor's replay buffer."),
+    Metric("predictor_prior", "predictor", "The predictor's prior success rate (what an unseen prompt is given)."),
+    # --- evaluation (held-out; only on evaluation steps)
+    Metric("eval_accuracy", "evaluation", "Held-out exact match (greedy at `eval.temperature` 0) on `eval.size` tasks."),
+    Metric("eval_f1", "evaluation", "Held-out token F1."),
+    Metric("eval_turns", "evaluation", "Mean assistant turns per held-out episode."),
+    Metric("eval_accuracy_hops{k}", "evaluation", "Held-out exact match on questions of k hops (SynthWiki)."),
+    # --- machine (differ between otherwise identical runs)
+    Metric("step_seconds", "timing", "Wall time of the step (the sum of its phases)."),
+    Metric("time_{phase}", "timing", "Wall seconds of one phase: rollout, scoring, advantages, update, predictor."),
+    Metric("time_rollout_execute", "timing", "Executor seconds inside the rollout phase (generation and tools; the rest is planning)."),
+    Metric("time_rollout_readiness", "timing", "Reference-scoring seconds inside the rollout phase (trace scores anchors while planning)."),
+    Metric("generated_tokens_per_s", "timing", "Generated tokens over executor seconds."),
+    Metric("peak_mem_gb_{phase}", "timing", "CUDA only: peak allocated GiB during a phase."),
+)
+"""Every key of ``metrics.jsonl``; one line per key or family (see the module docstring)."""
+
+GROUPS = ("training", "credit", "update", "scheme", "predictor", "evaluation", "timing")
+"""Sections of the generated reference, in order (a new group is added here)."""
+
+
+def metric_doc(key: str) -> Metric | None:
+    """The entry documenting ``key``: an exact entry, else the longest matching pattern."""
+    exact = [m for m in METRICS if m.pattern == key]
+    if exact:
+        return exact[0]
+    matching = [m for m in METRICS if m.regex.match(key)]
+    return max(matching, key=lambda m: len(m.pattern), default=None)
+
+
+def undocumented_metrics(keys: set[str] | list[str]) -> list[str]:
+    """The keys of ``keys`` no entry documents, sorted."""
+    return sorted(k for k in set(keys) if metric_doc(k) is None)
