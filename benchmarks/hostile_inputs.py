@@ -261,11 +261,13 @@ def tool_huge_message(work: Path, run: Path) -> list[str]:
         "from tracerl.core.types import Action, Task\n"
         "from tracerl.envs.data import Document\n"
         "from tracerl.envs.environments import EnvSettings, build_environment\n"
-        "env = build_environment('search', [Document('d', 'Ada', 'Ada is a writer.')], EnvSettings(),"
+        "if __name__ == '__main__':  # an isolated tool's worker is spawned: it re-imports this file\n"
+        "    env = build_environment('search', [Document('d', 'Ada', 'Ada is a writer.')], EnvSettings(),"
         " ['loud_tool:loud'])\n"
-        "episode = env.start(Task(id='t', question='Who?', answers=('Ada',)))\n"
-        "observation = episode.step(Action(kind='tool', name='loud', arguments={'query': 'q'}))\n"
-        "open('observation_chars', 'w').write(str(len(observation.text)))\n")
+        "    episode = env.start(Task(id='t', question='Who?', answers=('Ada',)))\n"
+        "    observation = episode.step(Action(kind='tool', name='loud', arguments={'query': 'q'}))\n"
+        "    open('observation_chars', 'w').write(str(len(observation.text)))\n"
+        "    print(observation.text[:300].replace(chr(10), ' '))\n")
     return ["--script", "exercise.py"]
 
 
