@@ -22,6 +22,12 @@ line, checkpoint write); what each kill left behind is tallied in ``aftermath``.
 
     python benchmarks/kill_resume.py --kills 50          # ~4-6 min on 2 busy cores
     python benchmarks/kill_resume.py --kills 6 --steps 8  # the CI subset (tests/train/test_kill_resume.py)
+
+``--phases convert,view`` kills ``tracerl data convert`` and ``tracerl view`` instead (or as well:
+``train,convert,view``) while they write their outputs; see benchmarks/kill_outputs.py:
+
+    python benchmarks/kill_resume.py --phases convert,view --convert-kills 12 --view-kills 8 \
+        --out benchmarks/results/kill_convert_view.json
 """
 
 from __future__ import annotations
@@ -210,6 +216,19 @@ def smoke_model() -> str:
     return str(load_or_pretrain(get_preset("smoke")))
 
 
+def _output_phases(args: argparse.Namespace, phases: list[str]) -> dict[str, Any]:
+    """Kills during ``data convert`` and ``view`` (benchmarks/kill_outputs.py)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from kill_outputs import convert_kills, view_kills
+
+    rng, out = random.Random(args.seed), {}
+    if "convert" in phases:
+        out["convert"] = convert_kills(args.work_dir / "convert", args.convert_kills, rng, _env())
+    if "view" in phases:
+        out["view"] = view_kills(args.work_dir / "view", args.view_kills, rng, _env(), smoke_model())
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=50)
@@ -217,10 +236,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "kill_resume")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "kill_resume.json")
+    parser.add_argument("--phases", default="train", help="comma-separated: train, convert, view")
+    parser.add_argument("--convert-kills", type=int, default=12)
+    parser.add_argument("--view-kills", type=int, default=8)
     args = parser.parse_args()
-    summary = run_harness(args.work_dir, kills=args.kills, steps=args.steps, seed=args.seed, model=smoke_model())
-    summary["command"] = (f"python benchmarks/kill_resume.py --kills {args.kills} --steps {args.steps} "
-                          f"--seed {args.seed}")
+    phases = args.phases.split(",")
+    summary: dict[str, Any] = {}
+    if "train" in phases:
+        summary = run_harness(args.work_dir, kills=args.kills, steps=args.steps, seed=args.seed, model=smoke_model())
+    summary.update(_output_phases(args, phases))
+    summary["ok"] = all(summary[k]["ok"] for k in ("convert", "view") if k in summary) and summary.get("ok", True)
+    train = f" --kills {args.kills} --steps {args.steps}" if "train" in phases else ""
+    kills = "".join(f" --{p}-kills {getattr(args, p + '_kills')}" for p in ("convert", "view") if p in phases)
+    summary["command"] = f"python benchmarks/kill_resume.py{train} --seed {args.seed} --phases {args.phases}{kills}"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))

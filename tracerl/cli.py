@@ -223,6 +223,8 @@ def eval_model(
     seed: int = typer.Option(0, help="Sampling seed."),
     device: str = typer.Option("cpu", help="torch device for the model."),
     progress: bool = typer.Option(True, help="Show progress on stderr (a bar on a terminal, else a line per 10%)."),
+    trust_run_code: bool = typer.Option(False, "--trust-run-code",
+                                        help="With --run: allow the run's config to import its plug-ins (import paths)."),
 ) -> None:
     """Roll a model out on a task split; print EM, F1, pass@k, turns, tool calls, error-action rate."""
     import json
@@ -239,7 +241,8 @@ def eval_model(
         from tracerl.train.evaluation import eval_run
 
         metrics = eval_run(run, tasks_path=tasks, corpus_path=corpus, samples=samples, limit=limit, out=out,
-                           temperature=temperature, seed=seed, device=device, show_progress=progress)
+                           temperature=temperature, seed=seed, device=device, show_progress=progress,
+                           trust_code=trust_run_code)
     else:
         from tracerl.rollout.engine import EngineConfig
         from tracerl.rollout.evaluate import run_eval
@@ -279,6 +282,8 @@ def train(
     device: str = typer.Option(None, "--device", help="With --resume: continue on this device (e.g. cuda:0)."),
     nproc: int = typer.Option(None, "--nproc", help="Training processes (FSDP2, one per GPU), launched through "
                               "torchrun; rank 0 drives. Sets dist.nproc; with --resume, any count."),
+    trust_run_code: bool = typer.Option(False, "--trust-run-code",
+                                        help="With --resume: allow the run's config to import its plug-ins (import paths)."),
 ) -> None:
     """Train a policy with one of the method presets."""
     from tracerl.train.launch import check_launch, launched_rank, launched_world, relaunch, serve_rank
@@ -296,7 +301,7 @@ def train(
 
         smoke, set_ = True, [*SMOKE_PRETRAINED, *set_]
     if launched_rank() > 0:  # under torchrun: ranks > 0 serve the sharded update
-        serve_rank(preset, config, set_, smoke, resume, nproc)
+        serve_rank(preset, config, set_, smoke, resume, nproc, trust_code=trust_run_code)
         return
     _STATE["writing"] = resume or out
     if device is not None and not resume:
@@ -304,10 +309,10 @@ def train(
     if nproc is not None and nproc > 1 and launched_world() == 1:  # checked here, then torchrun starts N copies
         if not resume and (not preset or not out):
             raise UsageError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")
-        check_launch(preset, config, set_, smoke, resume, out, nproc)
+        check_launch(preset, config, set_, smoke, resume, out, nproc, trust_code=trust_run_code)
         raise typer.Exit(relaunch(nproc, sys.argv[1:]))
     if resume:
-        start = resume_training(resume, steps=steps, device=device, nproc=nproc)
+        start = resume_training(resume, steps=steps, device=device, nproc=nproc, trust_code=trust_run_code)
     else:
         if not preset or not out:
             raise UsageError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")

@@ -24,17 +24,20 @@ fails only when no row converts.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tracerl.core.types import Task
-from tracerl.envs.data import PARQUET_MISSING, Document, parquet_available, write_corpus, write_tasks
+from tracerl.envs.bounded import MiB, lines_limited, loads_json, open_regular
+from tracerl.envs.data import PARQUET_MISSING, Document, parquet_available, task_record
+from tracerl.envs.manifest import publish, remove_stale_temps, remove_temps, write_temp_lines
 from tracerl.errors import UserError
 
 FORMATS = ("hotpotqa", "musique", "2wiki", "search-r1")
+MAX_RAW_LINE = 16 * MiB
+"""Longest raw JSONL row read (a MuSiQue row is ~10 KB); a longer one is skipped and reported."""
 
 
 class RowError(ValueError):
@@ -103,18 +106,21 @@ def raw_rows(path: Path) -> Iterator[tuple[str, Any]]:
         head = handle.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
     if head.startswith(b"["):  # one JSON list (HotpotQA, 2Wiki)
         try:
-            rows = json.loads(path.read_bytes().decode("utf-8-sig"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            rows = loads_json(path.read_bytes().decode("utf-8-sig"))
+        except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError, nesting too deep
             raise UserError(f"{path}: not a valid JSON list ({exc})") from None
         yield from ((f"{path}[{i}]", row) for i, row in enumerate(rows))
         return
-    with open(path, "rb") as handle:
-        for lineno, raw in enumerate(handle, start=1):
+    with open_regular(path) as handle:
+        for lineno, raw in lines_limited(handle, MAX_RAW_LINE):
+            if raw is None:
+                yield f"{path}:{lineno}", RowError(f"line longer than {MAX_RAW_LINE // MiB} MiB")
+                continue
             if not raw.strip():
                 continue
             try:
-                yield f"{path}:{lineno}", json.loads(raw.decode("utf-8-sig" if lineno == 1 else "utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                yield f"{path}:{lineno}", loads_json(raw.decode("utf-8-sig" if lineno == 1 else "utf-8"))
+            except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError, nesting too deep
                 yield f"{path}:{lineno}", RowError(f"not valid JSON ({exc})")
 
 
@@ -311,6 +317,24 @@ def _read_corpus(path: Path, errors: list[str]) -> list[Document]:
     return documents
 
 
+def _write_outputs(out: Path, splits: dict[str, list[Task]], documents: list[Document]) -> dict[str, Path]:
+    """Write every output file atomically as one set (envs/manifest.py); their paths by split name."""
+    records: dict[str, Any] = {f"{name}.jsonl": (task_record(t) for t in tasks) for name, tasks in splits.items()}
+    if documents:
+        records["corpus.jsonl"] = ({"id": d.id, "title": d.title, "text": d.text} for d in documents)
+    out.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out, records)
+    temps = {}
+    try:
+        for name, rows in records.items():
+            temps[name] = write_temp_lines(out / name, rows)
+        publish(out, temps)
+    except BaseException:
+        remove_temps(out, records)
+        raise
+    return {name.removesuffix(".jsonl"): out / name for name in records}
+
+
 def convert(fmt: str, raw: str | Path, out: str | Path, limit: int | None = None,
             corpus: str | Path | None = None, eval_raw: str | Path | None = None) -> ConvertReport:
     """Convert ``raw`` (format ``fmt``) into ``out/tasks.jsonl`` (+ ``out/corpus.jsonl``).
@@ -344,12 +368,6 @@ def convert(fmt: str, raw: str | Path, out: str | Path, limit: int | None = None
             raise UserError(f"{path}: no row converted as {fmt} ({len(errors)} bad rows: {shown})")
         splits[name] = tasks
     documents = _read_corpus(Path(corpus), errors) if corpus is not None else docs.documents
-    paths = {}
-    for name, tasks in splits.items():
-        paths[name] = out / f"{name}.jsonl"
-        write_tasks(tasks, paths[name])
-    if documents:
-        paths["corpus"] = out / "corpus.jsonl"
-        write_corpus(documents, paths["corpus"])
+    paths = _write_outputs(out, splits, documents)
     return ConvertReport(tasks=len(splits["tasks"]), documents=len(documents), errors=errors, paths=paths,
                          eval_tasks=len(splits.get("eval_tasks", [])))

@@ -17,8 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tracerl.envs.bounded import MiB, line_too_long, lines_limited, loads_json, open_regular
 from tracerl.core.types import Task
+from tracerl.envs.manifest import check_manifest
 from tracerl.errors import UserError
+
+MAX_LINE_BYTES = 4 * MiB
+"""Default ``data.max_line_bytes``: longest JSONL record read (a long Wikipedia page is ~200 KB)."""
+MAX_QUESTION_CHARS = 4000
+"""Default ``data.max_question_chars`` (HotpotQA's and MuSiQue's longest questions are under 1,000)."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,7 @@ def parquet_available() -> bool:
     return importlib.util.find_spec("pyarrow") is not None
 
 
-def _records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+def _records(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[str, dict[str, Any]]]:
     """Yield (``file:line`` or ``file[row]``, JSON object) for each record of ``path``.
 
     ``.parquet`` (one row a record, through pyarrow) and ``.json`` (one list of objects) are
@@ -53,8 +60,10 @@ def _records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     if path.suffix == ".json":
         yield from _json_list_records(path)
         return
-    with open(path, "rb") as handle:
-        for lineno, raw in enumerate(handle, start=1):
+    with open_regular(path) as handle:
+        for lineno, raw in lines_limited(handle, max_line_bytes):
+            if raw is None:  # refused before it is read whole: memory stays bounded
+                raise UserError(line_too_long(f"{path}:{lineno}", max_line_bytes, "data.max_line_bytes"))
             try:  # utf-8-sig on line 1 drops a byte-order mark some editors write
                 line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as exc:
@@ -63,9 +72,9 @@ def _records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+                record = loads_json(line)
+            except ValueError as exc:  # JSONDecodeError, or nesting too deep for the parser
+                raise UserError(f"{path}:{lineno}: invalid JSON ({getattr(exc, 'msg', exc)})") from None
             if not isinstance(record, dict):
                 raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
             yield f"{path}:{lineno}", record
@@ -73,11 +82,13 @@ def _records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 
 def _json_list_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     try:
-        data = json.loads(path.read_bytes().decode("utf-8-sig"))
+        data = loads_json(path.read_bytes().decode("utf-8-sig"))
     except UnicodeDecodeError:
         raise UserError(f"{path}: not valid UTF-8; save the file as UTF-8") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    except ValueError as exc:  # nested too deeply
+        raise UserError(f"{path}: invalid JSON ({exc})") from None
     if not isinstance(data, list):
         raise UserError(f"{path}: a .json data file must hold a list of objects, got {type(data).__name__}; "
                         "write one object per line as .jsonl otherwise")
@@ -129,11 +140,14 @@ def _field(record: dict[str, Any], name: str, kind: type, where: str, required: 
     return value
 
 
-def _task(record: dict[str, Any], where: str) -> Task:
+def _task(record: dict[str, Any], where: str, max_question_chars: int = MAX_QUESTION_CHARS) -> Task:
     task_id = _field(record, "id", str, where)
     question = _field(record, "question", str, where)
     if not question.strip():
         raise UserError(f"{where}: field 'question' is empty")
+    if len(question) > max_question_chars:
+        raise UserError(f"{where}: field 'question' has {len(question)} characters, more than "
+                        f"data.max_question_chars = {max_question_chars}")
     answers = _field(record, "answers", list, where)
     if not answers or not all(a.strip() for a in answers):
         raise UserError(f"{where}: field 'answers' must hold at least one non-empty alias")
@@ -146,27 +160,43 @@ def _task(record: dict[str, Any], where: str) -> Task:
                 supporting_titles=tuple(titles), hops=hops, supporting_ids=tuple(ids))
 
 
-def load_tasks(path: str | Path) -> list[Task]:
-    """Read a tasks file (``.jsonl``, ``.json`` list or ``.parquet``); ids must be unique."""
+def load_tasks(path: str | Path, *, max_line_bytes: int = MAX_LINE_BYTES,
+               max_question_chars: int = MAX_QUESTION_CHARS) -> list[Task]:
+    """Read a tasks file (``.jsonl``, ``.json`` list or ``.parquet``); ids must be unique.
+
+    The limits (``data.max_line_bytes``, ``data.max_question_chars``) refuse oversized records
+    here, before a run folder exists, instead of at the first step that meets them. A file that
+    ``tracerl data convert`` wrote is checked against its manifest first (envs/manifest.py).
+    """
     path = Path(path)
+    expected = check_manifest(path)
     tasks: list[Task] = []
     seen: dict[str, str] = {}
-    for where, record in _records(path):
-        task = _task(record, where)
+    for where, record in _records(path, max_line_bytes):
+        task = _task(record, where, max_question_chars)
         if task.id in seen:
             raise UserError(f"{where}: field 'id' {task.id!r} repeats {seen[task.id]}")
         seen[task.id] = _position(where)
         tasks.append(task)
     _not_empty(tasks, path, "tasks")
+    _counted(tasks, expected, path)
     return tasks
 
 
-def load_corpus(path: str | Path) -> list[Document]:
-    """Read a corpus file (``.jsonl``, ``.json`` list or ``.parquet``); ids must be unique."""
+def _counted(items: list[Any], expected: int | None, path: Path) -> None:
+    if expected is not None and len(items) != expected:
+        raise UserError(f"{path} holds {len(items)} records, its convert manifest {expected}; convert again")
+
+
+def load_corpus(path: str | Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> list[Document]:
+    """Read a corpus file (``.jsonl``, ``.json`` list or ``.parquet``); ids must be unique.
+
+    Lines past ``max_line_bytes`` and a file torn since ``tracerl data convert`` are refused."""
     path = Path(path)
+    expected = check_manifest(path)
     docs: list[Document] = []
     seen: dict[str, str] = {}
-    for where, record in _records(path):
+    for where, record in _records(path, max_line_bytes):
         doc = Document(
             id=_field(record, "id", str, where),
             title=_field(record, "title", str, where),
@@ -177,6 +207,7 @@ def load_corpus(path: str | Path) -> list[Document]:
         seen[doc.id] = _position(where)
         docs.append(doc)
     _not_empty(docs, path, "documents")
+    _counted(docs, expected, path)
     return docs
 
 

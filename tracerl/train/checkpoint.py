@@ -35,6 +35,7 @@ from tracerl.train.runfolder import fsync_dir, temp_path, write_atomic
 
 LATEST = "LATEST"
 CHECKPOINT_NAME = re.compile(r"ckpt-\d{6}")
+_POINTER_BYTES = 64
 
 __all__ = ["LATEST", "CheckpointError", "RngState", "first_nonfinite", "latest_checkpoint", "prune_checkpoints",
            "load_policy_into", "load_trainer_state", "save_checkpoint", "write_atomic"]
@@ -174,14 +175,16 @@ def fsync_tree(folder: Path) -> None:
 
 def _read_pointer(run_dir: Path) -> str:
     pointer = run_dir / LATEST
-    try:
-        name = pointer.read_bytes().decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{pointer} is not a checkpoint name (not text); "
-                              "it must hold a name like ckpt-000004") from None
-    if not CHECKPOINT_NAME.fullmatch(name):
-        shown = name if len(name) <= 40 else name[:40] + "..."
-        raise CheckpointError(f"{pointer} holds {shown!r}; it must name a ckpt-NNNNNN folder inside {run_dir}")
+    if pointer.is_symlink() or not pointer.is_file():
+        raise CheckpointError(f"{pointer} is not a plain file (a link, a folder or a device); "
+                              f"it must be a file naming a ckpt-NNNNNN folder inside {run_dir}")
+    with open(pointer, "rb") as handle:
+        raw = handle.read(_POINTER_BYTES + 1)  # bounded: the pointer is 11 bytes
+    # Never echo what the file holds: it may be someone else's file's content.
+    name = raw.decode("utf-8", errors="replace").strip()
+    if len(raw) > _POINTER_BYTES or not CHECKPOINT_NAME.fullmatch(name):
+        raise CheckpointError(f"{pointer} does not hold a checkpoint name; it must name a ckpt-NNNNNN "
+                              f"folder inside {run_dir}")
     return name
 
 
@@ -192,7 +195,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     folder outside ``run_dir`` (a symlink) or an incomplete or missing one.
     """
     run_dir = Path(run_dir)
-    if not (run_dir / LATEST).exists():
+    if not os.path.lexists(run_dir / LATEST):  # a dangling link is refused, not "no checkpoint"
         return None
     folder = run_dir / _read_pointer(run_dir)
     if folder.is_symlink() or (folder.exists() and folder.resolve().parent != run_dir.resolve()):

@@ -17,7 +17,7 @@ from tracerl.allocation.predictor import PredictorConfig
 from tracerl.agent.formats import FORMATS
 from tracerl.core.advantages import ESTIMATORS, AdvantageOptions, estimator_needs_readiness
 from tracerl.core.losses import POLICY_LOSSES, SEQUENCE_LEVEL_LOSSES, available_aggregations
-from tracerl.envs.data import PARQUET_MISSING, parquet_available
+from tracerl.envs.data import MAX_LINE_BYTES, MAX_QUESTION_CHARS, PARQUET_MISSING, parquet_available
 from tracerl.envs.synthwiki import WorldConfig
 from tracerl.core.registry import Registry, RegistryError, is_import_path
 from tracerl.envs.environments import ENVIRONMENTS, load_tools
@@ -30,7 +30,7 @@ from tracerl.allocation.schemes import SCHEMES, SchemeConfig
 from tracerl.train.config_checks import check_budget, check_device, check_extra, check_finite, check_model_source
 from tracerl.train.config_ranges import check_numbers
 from tracerl.train.divergence import DivergenceConfig
-from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, to_dict
+from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, parse_yaml, to_dict
 from tracerl.train.dist_config import DistConfig, check_dist
 from tracerl.train.presets import PRESETS, SMOKE
 from tracerl.train.trace_checks import check_trace_options
@@ -114,6 +114,11 @@ class DataConfig:
     as an in-process call on its timeout thread (benchmarks/tool_isolation.py). ``false``: in-process
     on a thread (a hung call is abandoned, not killed). The built-in ``search``/``open`` always run
     in-process."""
+    max_line_bytes: int = MAX_LINE_BYTES
+    """``files`` source: longest line (one record) of a data file; a longer one is refused when the
+    data is loaded, before the run folder exists (memory stays bounded whatever the file holds)."""
+    max_question_chars: int = MAX_QUESTION_CHARS
+    """``files`` source: longest question, checked at load (a longer one could not fit an episode)."""
 
     def __post_init__(self) -> None:
         _one_of("data", "source", self.source, ["synthwiki", "files"])
@@ -131,6 +136,7 @@ class DataConfig:
             raise ConfigError(f"data.tools = {self.tools!r} names a tool twice ({', '.join(names)})")
         _positive("data", train_worlds=self.train_worlds, search_top_k=self.search_top_k,
                   max_failed_tool_steps=self.max_failed_tool_steps)
+        _positive("data", max_line_bytes=self.max_line_bytes, max_question_chars=self.max_question_chars)
         check_finite("data", self)
         if self.tool_timeout_s is not None and not self.tool_timeout_s > 0:
             raise ConfigError(f"data.tool_timeout_s must be > 0 seconds, or null for no limit; got {self.tool_timeout_s}")
@@ -490,9 +496,6 @@ def config_to_yaml(config: TrainConfig) -> str:
     return yaml.safe_dump(to_dict(config), sort_keys=False)
 
 
-def config_from_yaml(text: str) -> TrainConfig:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"a run's config.yaml is not valid YAML ({err})") from None
-    return from_dict(TrainConfig, data)
+def config_from_yaml(text: str, source: str = "a run's config.yaml") -> TrainConfig:
+    """Parse a run's config (bounded YAML: no alias bombs, train/yaml_safe.py); errors name ``source``."""
+    return from_dict(TrainConfig, parse_yaml(text, source))

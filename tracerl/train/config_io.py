@@ -17,9 +17,13 @@ from typing import Any, TypeVar
 import dacite
 import yaml
 
+from tracerl.envs.bounded import MiB, TooLarge, read_limited
 from tracerl.errors import UserError
+from tracerl.train.yaml_safe import YamlBombError, load_bounded
 
 T = TypeVar("T")
+MAX_CONFIG_BYTES = 1 * MiB
+"""Largest config file read (``--config``, a run folder's ``config.yaml``); a full config is ~3 KB."""
 
 
 class ConfigError(UserError):
@@ -146,8 +150,8 @@ def parse_override(text: str) -> dict[str, Any]:
     if not parts:
         raise ConfigError(f"override {text!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as err:
+        value = load_bounded(raw) if raw.strip() else ""
+    except (yaml.YAMLError, YamlBombError) as err:
         raise ConfigError(f"override {text!r}: value is not valid YAML ({err})") from None
     except ValueError as err:  # e.g. an integer of more than 4300 digits (Python's conversion limit)
         raise ConfigError(f"override {key.strip()}: the value ({len(raw)} characters) cannot be read as "
@@ -171,12 +175,24 @@ def _yaml_number(value: Any) -> Any:
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping, naming the file on error."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        data = parse_yaml(read_limited(path, MAX_CONFIG_BYTES, "config file").decode("utf-8"), path) or {}
+    except TooLarge as err:
+        raise ConfigError(str(err)) from None
+    except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read config file {path}: {err}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return {k: _numbers_in(v) for k, v in data.items()}
+
+
+def parse_yaml(text: str, source: str | Path) -> Any:
+    """Parse config YAML with bounds (train/yaml_safe.py); errors name ``source``."""
+    try:
+        return load_bounded(text)
+    except YamlBombError as err:
+        raise ConfigError(f"config file {source} refused: it {err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {source} is not valid YAML ({' '.join(str(err).split())})") from None
 
 
 def _numbers_in(value: Any) -> Any:

@@ -96,9 +96,10 @@ def _some(ids: list[str], shown: int = 5) -> str:
 
 def _read_files(data: DataConfig) -> tuple[list[Task], list[Task], list[Document]]:
     """(training tasks, held-out tasks, corpus) of ``files`` data, checked as a whole."""
-    tasks, docs = load_tasks(data.tasks), load_corpus(data.corpus)
+    limits = {"max_line_bytes": data.max_line_bytes, "max_question_chars": data.max_question_chars}
+    tasks, docs = load_tasks(data.tasks, **limits), load_corpus(data.corpus, max_line_bytes=data.max_line_bytes)
     if data.eval_tasks:
-        held_out = load_tasks(data.eval_tasks)
+        held_out = load_tasks(data.eval_tasks, **limits)
         train_ids = {t.id for t in tasks}
         repeated = sorted({t.id for t in held_out if t.id in train_ids})
         if repeated:

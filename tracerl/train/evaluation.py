@@ -12,30 +12,64 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tracerl.train.checkpoint import latest_checkpoint, load_policy_into
-from tracerl.train.config import TrainConfig, config_from_yaml
-from tracerl.train.runfolder import RunFolderError
+from tracerl.train.checkpoint import CheckpointError, latest_checkpoint, load_policy_into
+from tracerl.train.config import TrainConfig
+from tracerl.train.run_config import read_run_config
+from tracerl.train.runfolder import RunFolderError, check_run_folder
 
 
-def load_run_policy(run_dir: Path, device: str) -> tuple[Any, Any, TrainConfig, Path]:
+_ATTEMPTS = 3
+"""Times ``--run`` re-reads ``LATEST`` when a live run pruned the checkpoint being loaded."""
+
+
+def load_run_policy(run_dir: Path, device: str, *, trust_code: bool = False) -> tuple[Any, Any, TrainConfig, Path]:
     """``(model, tokenizer, config, checkpoint folder)`` of a run's ``LATEST`` checkpoint.
 
-    A LoRA checkpoint holds only the adapter: the base comes from the run's ``initial/`` (a copy,
-    or the checked reference to the on-disk base model) and the adapter is loaded into it.
+    The run may be live: when the checkpoint being read is pruned under us (``LATEST`` moved on),
+    the new ``LATEST`` is read, up to :data:`_ATTEMPTS` times, then one line says so. The folder
+    is checked first (no links inside, train/runfolder.py) and its config refuses plug-in import
+    paths unless ``trust_code`` (train/run_config.py).
     """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunFolderError(f"--run {run_dir}: no such folder")
+    check_run_folder(run_dir)
+    tried = []
+    for _ in range(_ATTEMPTS):
+        folder = latest_checkpoint(run_dir)
+        if folder is None:
+            raise RunFolderError(f"--run {run_dir} has no checkpoint yet (no LATEST); train it first, "
+                                 "or evaluate a model folder with --model")
+        try:
+            model, tokenizer, config = _load_checkpoint(run_dir, folder, device, trust_code)
+        except (OSError, ValueError):
+            if folder.is_dir() and _is_latest(run_dir, folder):
+                raise  # a damaged checkpoint, not a moving one
+            tried.append(folder.name)
+            continue
+        return model, tokenizer, config, folder
+    raise RunFolderError(f"--run {run_dir}: the checkpoint moved while it was read ({', '.join(tried)} pruned by "
+                         "the live run each time); try again, or raise log.keep_last of that run")
+
+
+def _is_latest(run_dir: Path, folder: Path) -> bool:
+    try:
+        return latest_checkpoint(run_dir) == folder
+    except ValueError:
+        return False
+
+
+def _load_checkpoint(run_dir: Path, folder: Path, device: str, trust_code: bool) -> tuple[Any, Any, TrainConfig]:
+    """Model, tokenizer and config of checkpoint ``folder``; a LoRA checkpoint holds only the adapter:
+    the base comes from the run's ``initial/`` and the adapter is loaded into it."""
     from tracerl.testbed.loading import load_model
     from tracerl.train.initial import initial_source
     from tracerl.train.loop import INITIAL
 
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise RunFolderError(f"--run {run_dir}: no such folder")
-    folder = latest_checkpoint(run_dir)
-    if folder is None:
-        raise RunFolderError(f"--run {run_dir} has no checkpoint yet (no LATEST); train it first, "
-                             "or evaluate a model folder with --model")
-    config = config_from_yaml((folder / "config.yaml").read_text())
+    config = read_run_config(folder / "config.yaml", trust_code=trust_code)
     policy = folder / "policy"
+    if not policy.is_dir():  # else load_model would read the path as a hub name
+        raise CheckpointError(f"{policy} is missing")
     if (policy / "adapter_config.json").is_file():
         from tracerl.models.lora import apply_lora
 
@@ -46,12 +80,13 @@ def load_run_policy(run_dir: Path, device: str) -> tuple[Any, Any, TrainConfig, 
     else:
         model, tokenizer = load_model(str(policy), device=device)
     model.eval()
-    return model, tokenizer, config, folder
+    return model, tokenizer, config
 
 
 def eval_run(run_dir: str | Path, *, tasks_path: str | None = None, corpus_path: str | None = None,
              samples: int = 1, limit: int | None = None, out: str | None = None, temperature: float = 0.0,
-             seed: int = 0, device: str = "cpu", show_progress: bool = False) -> dict[str, Any]:
+             seed: int = 0, device: str = "cpu", show_progress: bool = False,
+             trust_code: bool = False) -> dict[str, Any]:
     """Evaluate the latest checkpoint of ``run_dir`` (see the module docstring); returns the metrics
     plus ``checkpoint`` (the folder evaluated)."""
     from tracerl.agent.formats import get_format
@@ -64,7 +99,7 @@ def eval_run(run_dir: str | Path, *, tasks_path: str | None = None, corpus_path:
         raise ValueError(f"limit must be >= 1, got {limit}")
     if (tasks_path is None) != (corpus_path is None):
         raise ValueError("give both --tasks and --corpus, or neither (then the run's held-out data is used)")
-    model, tokenizer, config, folder = load_run_policy(Path(run_dir), device)
+    model, tokenizer, config, folder = load_run_policy(Path(run_dir), device, trust_code=trust_code)
     engine_config = replace(config.rollout.engine, temperature=temperature)
     tasks, env = _run_data(config, engine_config, tasks_path, corpus_path)
     fmt = get_format(config.model.format, tokenizer=tokenizer, system=config.model.system_prompt,

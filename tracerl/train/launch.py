@@ -49,16 +49,16 @@ def without_nproc(argv: list[str]) -> list[str]:
 
 
 def check_launch(preset: str | None, config_file: str | None, overrides: list[str], smoke: bool,
-                 resume: str | None, out: str | None, nproc: int) -> None:
+                 resume: str | None, out: str | None, nproc: int, *, trust_code: bool = False) -> None:
     """What would fail on every rank, checked once before torchrun starts them (one line, exit 1)."""
     from tracerl.train.checkpoint import latest_checkpoint
     from tracerl.train.preflight import checked_config
     from tracerl.train.dist_config import DCP_FOLDER, check_dist
     from tracerl.train.runfolder import refuse_if_state
-    from tracerl.train.run import read_run_config
+    from tracerl.train.run import run_folder_config
 
     if resume:
-        config = read_run_config(Path(resume))
+        config = run_folder_config(Path(resume), trust_code=trust_code)
         config.dist.nproc = nproc
         check_dist(config)
         folder = latest_checkpoint(Path(resume))
@@ -71,14 +71,14 @@ def check_launch(preset: str | None, config_file: str | None, overrides: list[st
 
 
 def serve_rank(preset: str | None, config_file: str | None, overrides: list[str], smoke: bool,
-               resume: str | None, nproc: int | None) -> None:
+               resume: str | None, nproc: int | None, *, trust_code: bool = False) -> None:
     """A rank > 0: the same config rank 0 resolves (for the process group's settings), then serve."""
     from tracerl.train.dist_trainer import serve
-    from tracerl.train.run import read_run_config
+    from tracerl.train.run import run_folder_config
 
     config: TrainConfig
     if resume:
-        config = read_run_config(Path(resume))
+        config = run_folder_config(Path(resume), trust_code=trust_code)
         if nproc is not None:
             config.dist.nproc = nproc
     else:

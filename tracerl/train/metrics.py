@@ -10,9 +10,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from tracerl.envs.bounded import MiB, line_too_long, lines_limited, loads_json, open_regular
 from tracerl.train.runfolder import fsync_dir, write_atomic
 
 METRICS_FILE = "metrics.jsonl"
+MAX_METRICS_LINE = 1 * MiB
+"""Longest step record read back (a record is ~1 KB): a longer line is damage, not a step."""
 
 
 def _clean(value: Any) -> Any:
@@ -140,28 +143,35 @@ def parse_metrics(path: Path, *, warn: bool = False) -> list[dict[str, Any]]:
     A kill mid-append can leave only the last line torn; a bad line anywhere else means the
     file was damaged by something else and is a ``ValueError`` naming file and line.
     """
-    *complete, tail = path.read_bytes().split(b"\n")  # tail: bytes after the last newline
-    while complete and not complete[-1].strip():
-        complete.pop()
+    if Path(path).is_symlink():
+        raise ValueError(f"{path} is a symbolic link; a run's metrics file must be its own file: remove the link")
+    lines: list[tuple[int, bytes]] = []
+    tail: tuple[int, bytes] | None = None  # bytes after the last newline (an append cut short)
+    with open_regular(path) as handle:
+        for number, raw in lines_limited(handle, MAX_METRICS_LINE):
+            if raw is None:
+                raise ValueError(line_too_long(f"{path}:{number}", MAX_METRICS_LINE) + "; the file is damaged")
+            if not raw.endswith(b"\n"):
+                tail = (number, raw)
+            elif raw.strip():
+                lines.append((number, raw))
     records = []
-    for number, raw in enumerate(complete, start=1):
-        if not raw.strip():
-            continue
+    for index, (number, raw) in enumerate(lines):
         record = _parse_line(raw)
         if record is None:
-            if number < len(complete):
+            if index < len(lines) - 1:
                 raise ValueError(f"{path}:{number}: not a JSON step record; the file is damaged")
             _warn_torn(path, number, warn)
             continue
         records.append(record)
-    if tail.strip():  # an append cut before its newline, even if the JSON happens to parse
-        _warn_torn(path, len(complete) + 1, warn)
+    if tail is not None and tail[1].strip():  # an append cut before its newline, even if the JSON parses
+        _warn_torn(path, tail[0], warn)
     return records
 
 
 def _parse_line(raw: bytes) -> dict[str, Any] | None:
     try:
-        record = json.loads(raw.decode("utf-8"))
+        record = loads_json(raw.decode("utf-8"))
     except ValueError:
         return None
     return record if isinstance(record, dict) and "step" in record else None

@@ -7,16 +7,29 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
 from tracerl.errors import UserError
 from tracerl.train.checkpoint import latest_checkpoint
 from tracerl.train.config_checks import check_device
-from tracerl.train.config import TrainConfig, config_from_yaml, resolve_config
+from tracerl.train.config import TrainConfig, resolve_config
 from tracerl.train.dist_config import check_dist
 from tracerl.train.loop import Trainer
 from tracerl.train.console import footer, header, progress_line, terminal_width
-from tracerl.train.runfolder import RunFolderError, refuse_if_state
+from tracerl.train.run_config import read_run_config
+from tracerl.train.runfolder import RunFolderError, check_run_folder, refuse_if_state
+
+
+def refuse_config_in_run(config_file: str | Path | None, run_dir: Path) -> None:
+    """Refuse ``--config RUN_DIR/config.yaml``: the run writes its resolved config there, so the
+    user's own file would be overwritten at start (and removed if set-up then failed)."""
+    if not config_file:
+        return
+    target = run_dir / "config.yaml"
+    same = Path(config_file).resolve() == target.resolve()
+    if not same and target.exists():
+        same = Path(config_file).exists() and Path(config_file).samefile(target)
+    if same:
+        raise RunFolderError(f"--config {config_file} is the file the run writes its resolved config to "
+                             f"({target}); keep your config outside --out {run_dir} (e.g. {run_dir}.yaml)")
 
 
 def start_training(preset: str, out: str | Path, *, config_file: str | None = None,
@@ -24,10 +37,12 @@ def start_training(preset: str, out: str | Path, *, config_file: str | None = No
                    smoke: bool = False) -> Callable[[], list[dict[str, Any]]]:
     """Validate everything first (bad configs and a folder that holds a run fail here, before
     anything is written), take the run folder, then return the run to start."""
+    run_dir = Path(out)
+    refuse_config_in_run(config_file, run_dir)
+    check_run_folder(run_dir)
     config = resolve_config(preset, config_file=config_file, overrides=overrides, smoke=smoke)
     if steps is not None:
         config.steps = steps
-    run_dir = Path(out)
     refuse_if_state(run_dir)
     trainer = Trainer(config, run_dir)  # locks the folder, writes config.yaml and initial/
     return lambda: _run(trainer, config.steps)
@@ -35,7 +50,7 @@ def start_training(preset: str, out: str | Path, *, config_file: str | None = No
 
 def resume_training(run_dir: str | Path, steps: int | None = None, device: str | None = None,
                     notify: Callable[[str], None] | None = None,
-                    nproc: int | None = None) -> Callable[[], list[dict[str, Any]]]:
+                    nproc: int | None = None, trust_code: bool = False) -> Callable[[], list[dict[str, Any]]]:
     """Continue a run from its newest checkpoint with the config it was started with.
 
     A run killed before its first checkpoint has only ``config.yaml`` (and partial state): it
@@ -46,8 +61,9 @@ def resume_training(run_dir: str | Path, steps: int | None = None, device: str |
     """
     notify = notify or _stderr
     run_dir = Path(run_dir)
+    check_run_folder(run_dir)
     folder = latest_checkpoint(run_dir)
-    config = read_run_config(run_dir)
+    config = run_folder_config(run_dir, trust_code=trust_code)  # imports no plug-in the user did not trust
     if nproc is not None:  # a run saved by N processes resumes at any count (its shards are in DCP)
         config.dist.nproc = nproc
         check_dist(config)
@@ -67,16 +83,14 @@ def resume_training(run_dir: str | Path, steps: int | None = None, device: str |
     return lambda: _run(trainer, config.steps)
 
 
-def read_run_config(run_dir: Path) -> TrainConfig:
-    """The config a run continues with: its newest checkpoint's, else the folder's ``config.yaml``."""
+def run_folder_config(run_dir: Path, *, trust_code: bool = False) -> TrainConfig:
+    """The config a run continues with: its newest checkpoint's, else the folder's ``config.yaml``
+    (read bounded; plug-in import paths need ``trust_code``, see :mod:`tracerl.train.run_config`)."""
     folder = latest_checkpoint(run_dir)
     source = (folder if folder is not None else run_dir) / "config.yaml"
     if not source.is_file():
         raise RunFolderError(f"{run_dir} has no checkpoint and no config.yaml: not a tracerl run folder")
-    try:
-        return config_from_yaml(source.read_text())
-    except yaml.YAMLError as err:
-        raise RunFolderError(f"{source} is not valid YAML ({type(err).__name__}); restore it") from None
+    return read_run_config(source, trust_code=trust_code)
 
 
 def checkpoint_step(folder: Path) -> int:

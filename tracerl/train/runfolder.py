@@ -7,6 +7,11 @@ holder dies (even by SIGKILL), so a killed run never leaves a folder locked.
 
 Everything a run writes goes through a temporary name and ``os.replace``; temporaries are
 named ``.NAME.tmp-PID`` so leftovers of dead processes can be recognised and removed.
+
+A run folder may come from someone else (an unpacked archive, a shared disk), so before a run
+or an evaluation touches it :func:`check_run_folder` refuses every entry that is a symbolic
+link or not a plain file or folder: through a link, appending to ``metrics.jsonl``, pruning
+``rollouts/`` or taking ``.lock`` would write or delete files outside the folder.
 """
 
 from __future__ import annotations
@@ -18,11 +23,16 @@ import os
 import re
 import shutil
 import socket
+import stat
 from pathlib import Path
 
 LOCK_FILE = ".lock"
 STATE_NAMES = ("metrics.jsonl", "initial", "LATEST")
 """Files and folders whose presence means a run already trained (or began to) here; ``ckpt-*`` too."""
+
+RUN_ENTRIES = (LOCK_FILE, "config.yaml", "metrics.jsonl", "initial", "LATEST", "rollouts", "view", "tensorboard")
+"""Entries tracerl reads or writes in a run folder (with ``ckpt-*`` and temporaries). W&B's
+``wandb/`` is not one: wandb writes its own links there and tracerl never reads it."""
 
 _TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
 
@@ -60,9 +70,45 @@ def run_state(run_dir: Path) -> list[str]:
     """Names of the run-state entries in ``run_dir`` (sorted): what makes a fresh start unsafe."""
     if not run_dir.is_dir():
         return []
-    found = [name for name in STATE_NAMES if (run_dir / name).exists()]
+    found = [name for name in STATE_NAMES if os.path.lexists(run_dir / name)]
     found += [p.name for p in run_dir.glob("ckpt-*")]
     return sorted(found)
+
+
+def run_entries(run_dir: Path) -> list[Path]:
+    """The entries of ``run_dir`` that tracerl reads or writes (:data:`RUN_ENTRIES`, ``ckpt-*``,
+    ``.NAME.tmp-PID``), sorted; anything else in the folder is the user's and left alone."""
+    return sorted(p for p in run_dir.iterdir()
+                  if p.name in RUN_ENTRIES or p.name.startswith("ckpt-") or _TEMP.match(p.name))
+
+
+def check_run_folder(run_dir: Path) -> None:
+    """Raise :class:`RunFolderError` for the first run-folder entry (at any depth) that is a
+    symbolic link or not a regular file or folder (a FIFO, a device, a socket).
+
+    The folder itself may be a link (the user named it); nothing tracerl reads or writes inside it
+    may be, so every path a run derives from it stays inside it. Walks the run's own entries
+    (:func:`run_entries`: tens to a few thousand files) without following links; other files the
+    user keeps there (a fresh start may go into a folder that holds other things) are not walked.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    for entry in run_entries(run_dir):
+        _check_entry(entry)
+        if entry.is_dir() and not entry.is_symlink():
+            for root, dirs, files in os.walk(entry, followlinks=False):
+                for name in sorted(dirs + files):
+                    _check_entry(Path(root) / name)
+
+
+def _check_entry(path: Path) -> None:
+    mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode):
+        raise RunFolderError(f"{path} is a symbolic link; a run folder must hold its own files "
+                             "(a link could make a run write or delete files outside it): remove the link")
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise RunFolderError(f"{path} is not a regular file or folder (a FIFO, device or socket); remove it")
 
 
 def refuse_if_state(run_dir: Path) -> None:
@@ -127,7 +173,16 @@ class RunLock:
         os.fsync(fd)
 
     def _try_lock(self) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # O_NOFOLLOW: a .lock that is a link must not truncate the file it points to
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as err:
+            if os.path.islink(self.path):
+                raise RunFolderError(f"{self.path} is a symbolic link; the lock must be a file of the run "
+                                     "folder itself: remove the link") from None
+            raise err
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise RunFolderError(f"{self.path} is not a regular file; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -138,8 +193,9 @@ class RunLock:
 
     def _holder(self) -> dict[str, object]:
         try:
-            holder = json.loads(self.path.read_text() or "{}")
-        except (OSError, ValueError):
+            with open(self.path, "rb") as handle:  # a lock we could open: a regular file, not a link
+                holder = json.loads(handle.read(4096) or b"{}")
+        except (OSError, ValueError, RecursionError):
             return {}
         return holder if isinstance(holder, dict) else {}
 

@@ -31,6 +31,7 @@ from tracerl.train.runfolder import (
     LOCK_FILE,
     RunFolderError,
     RunLock,
+    check_run_folder,
     discard_partial_run,
     refuse_if_state,
     remove_stale_temps,
@@ -85,6 +86,7 @@ class RunLifecycle:
     def _claim_run_folder(self, resume: bool) -> Path | None:
         """Lock the folder, clear temporaries, check its state; the checkpoint to resume from."""
         self._created_dir = not self.run_dir.exists()
+        check_run_folder(self.run_dir)  # no link inside may lead a write or a delete outside it
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock = RunLock(self.run_dir)
         try:

@@ -1,0 +1,89 @@
+"""Bounded reads of files that may come from someone else: no read without a size limit.
+
+A line of a JSONL file, a ``LATEST`` pointer, a config file: each has a largest size that is
+still plausible, and a file past it (a 50 MB line, a link to ``/dev/zero``) is refused with one
+line naming the file (and line) instead of being read into memory. Nested JSON deeper than
+Python's recursion limit is a bad record too, not a ``RecursionError`` traceback.
+
+Pure Python; imports only :mod:`tracerl.errors` (training reads its run folders through it too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from tracerl.errors import UserError
+
+MiB = 1 << 20
+CHUNK = 1 << 16
+
+
+class TooLarge(UserError):
+    """A file or a line is larger than its limit (the message names it and the limit)."""
+
+
+def open_regular(path: str | Path) -> IO[bytes]:
+    """Open ``path`` for binary reading, refusing anything but a regular file.
+
+    A FIFO, a device (``/dev/zero``) or a socket would make a reader block or never end.
+    Symbolic links are followed here (a user may link their own data); run folders refuse
+    links separately (:func:`tracerl.train.runfolder.check_run_folder`).
+    """
+    handle = open(path, "rb")  # noqa: SIM115 - returned to the caller
+    mode = os.fstat(handle.fileno()).st_mode
+    if not stat.S_ISREG(mode):
+        handle.close()
+        raise UserError(f"{path} is not a regular file (a device, FIFO or socket); give a file")
+    return handle
+
+
+def read_limited(path: str | Path, max_bytes: int, what: str = "file") -> bytes:
+    """The whole content of a regular file of at most ``max_bytes`` bytes."""
+    with open_regular(path) as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise TooLarge(f"{path}: {what} larger than {_size(max_bytes)}; refused to read it")
+    return data
+
+
+def lines_limited(handle: IO[bytes], max_line_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    """``(line number, line bytes)`` of a binary file, ``None`` for a line over ``max_line_bytes``.
+
+    The rest of an over-long line is skipped in chunks, so memory stays at ``max_line_bytes``
+    whatever the file holds; the caller decides whether such a line is fatal or skipped.
+    """
+    lineno = 0
+    while True:
+        raw = handle.readline(max_line_bytes + 1)
+        if not raw:
+            return
+        lineno += 1
+        if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+            while raw and not raw.endswith(b"\n"):
+                raw = handle.readline(CHUNK)
+            yield lineno, None
+            continue
+        yield lineno, raw
+
+
+def line_too_long(where: str, max_line_bytes: int, field: str = "") -> str:
+    """The message for a line over its limit (``field``: the config field that sets the limit)."""
+    hint = f" (raise {field} if it is meant to be that long)" if field else ""
+    return f"{where}: line longer than {_size(max_line_bytes)}{hint}"
+
+
+def loads_json(text: str | bytes) -> Any:
+    """``json.loads``, with nesting too deep for the parser as a ``ValueError`` (not a traceback)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def _size(n: int) -> str:
+    return f"{n / MiB:g} MiB" if n >= MiB else f"{n} bytes"
