@@ -197,9 +197,10 @@ def test_train_smoke_on_two_ray_workers(cluster, tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert len(lines) == 3
-    for line in lines:
-        assert line["worker_w0_tokens_per_s"] > 0 and line["worker_w1_tokens_per_s"] > 0
+    for line in lines:  # a step's trees may all hash to one worker: the other then reads 0
+        assert line["worker_w0_tokens_per_s"] >= 0 and line["worker_w1_tokens_per_s"] >= 0
         assert line["time_sync_weights"] > 0 and line["sync_bytes"] > 0 and line["worker_failures"] == 0
+    assert all(sum(line[f"worker_{w}_tokens_per_s"] for line in lines) > 0 for w in ("w0", "w1"))
 
 
 def test_tool_stats_of_several_workers_add_up() -> None:

@@ -136,6 +136,7 @@ class RayExecutor:
         self.group = placement_group([dict(bundle) for _ in range(self.n + scorers)], strategy="PACK")
         ray.get(self.group.ready(), timeout=self.timeout)
         self.actors = [self._spawn(i) for i in range(self.n + scorers)]
+        ray.get([a.pid.remote() for a in self.actors], timeout=self.timeout)  # built (model loaded) before step 1
         self.restarts = [0] * (self.n + scorers)
         self._weights: Any = None  # the last weights payload (an ObjectRef): a replacement loads it
         self.trees: dict[str, RolloutTree] = {}
