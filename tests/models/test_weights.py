@@ -58,3 +58,27 @@ def test_hf_backend_takes_buckets() -> None:
     after = policy.generate([[5, 6, 7]], params, [3])[0]
     reference = HFPolicy(tiny_model(len(tok), seed=2), tok).generate([[5, 6, 7]], params, [3])[0]
     assert after.token_ids == reference.token_ids and after.logprobs != before.logprobs
+
+
+def test_a_sharded_parameter_is_unsharded_in_its_bucket() -> None:
+    """A DTensor (one-process gloo group) leaves as the whole plain tensor."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        sharded = distribute_tensor(torch.arange(6.0).reshape(2, 3), init_device_mesh("cpu", (1,)), [Shard(0)])
+        assert isinstance(sharded, DTensor)
+        (bucket,) = weight_buckets({"layers.0.w": sharded}, bucket_bytes=1)
+        (name, tensor), = bucket
+        assert name == "layers.0.w" and not isinstance(tensor, DTensor)
+        assert tensor.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    finally:
+        dist.destroy_process_group()

@@ -260,3 +260,14 @@ def test_score_requests_are_self_contained_and_equal_scoring_through_the_tree(to
         for leaf, traj in theirs.trajectories.items():
             assert mine.trajectories[leaf].readiness == pytest.approx(traj.readiness, abs=1e-5)
     assert score_requests(trees, tasks) == []  # nothing left to score
+
+
+def test_a_tasks_prompt_states_and_trees_have_one_owner() -> None:
+    """Routing by task id: stable (a digest, not Python's salted hash), in range, and spread."""
+    from tracerl.core.protocol import worker_of
+
+    owners = [worker_of(f"task-{i}", 3) for i in range(30)]
+    assert owners == [worker_of(f"task-{i}", 3) for i in range(30)] and set(owners) == {0, 1, 2}
+    assert worker_of("task-0", 1) == 0
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        worker_of("task-0", 0)

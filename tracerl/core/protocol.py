@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from tracerl.core.seeds import derive_seed
 from tracerl.core.types import Action, RolloutTree, Task, Trajectory, Turn
 
 
@@ -209,6 +210,16 @@ def turn_from_record(data: Mapping[str, Any]) -> Turn:
 
 def trajectory_from_record(data: Mapping[str, Any]) -> Trajectory:
     return Trajectory(**{**data, "turns": [turn_from_record(t) for t in data["turns"]]})
+
+
+# --------------------------------------------------------------------------- routing
+def worker_of(task_id: str, workers: int) -> int:
+    """The worker (of ``workers``) that owns a task's trees: a stable hash of the task id, so a
+    task's ``prompt_states`` and the ``start`` of its trees go to the same worker (whose prefix
+    store then holds the prompt) in every process and run."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    return derive_seed("owner", task_id) % workers
 
 
 # --------------------------------------------------------------------------- trees
