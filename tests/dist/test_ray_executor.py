@@ -24,8 +24,8 @@ from helpers_tiny import bpe_tokenizer, tiny_model  # noqa: E402
 from tracerl.allocation.predictor import SuccessPredictor  # noqa: E402
 from tracerl.allocation.schemes import get_scheme  # noqa: E402
 from tracerl.allocation.session import RolloutSession  # noqa: E402
-from tracerl.core.protocol import to_json, tree_delta  # noqa: E402
-from tracerl.train.ray_executor import RayExecutor, WorkerLostError, owner  # noqa: E402
+from tracerl.core.protocol import to_json, tree_delta, worker_of  # noqa: E402
+from tracerl.train.ray_executor import RayExecutor, WorkerLostError  # noqa: E402
 from tracerl.train.config import resolve_config  # noqa: E402
 from tracerl.train.data import load_task_data  # noqa: E402
 from tracerl.train.workers import worker_spec  # noqa: E402
@@ -52,7 +52,9 @@ def run(cluster, tmp_path_factory):
     tok.save_pretrained(folder)
     config = resolve_config("trace", smoke=True, overrides=OVERRIDES)
     tasks = load_task_data(config.data, config.rollout.engine, config.seed).train
-    return config, folder, tasks
+    # owners alternate along the pool (w0, w1, w0, ...), so two workers share every step's trees
+    by_owner = [[t for t in tasks if worker_of(t.id, 2) == w] for w in (0, 1)]
+    return config, folder, [t for pair in zip(*by_owner) for t in pair]
 
 
 def _executor(run, workers: int) -> RayExecutor:
@@ -113,7 +115,7 @@ def test_one_and_two_workers_give_the_same_trees_and_spend_the_budget(one, two, 
     budget = run[0].rollout.budget
     assert a[2].cost.rollouts == b[2].cost.rollouts == budget
     assert sum(x is not None for x in a[1]) > len(a[0])  # readiness was scored (credit on)
-    owners = {owner(t["task_id"], 2) for t in b[0]}
+    owners = {worker_of(t["task_id"], 2) for t in b[0]}
     assert owners == {0, 1}  # both workers held trees
     metrics = two.take_metrics()
     assert metrics["worker_w0_tokens_per_s"] > 0 and metrics["worker_w1_tokens_per_s"] > 0
@@ -132,7 +134,7 @@ class KillAfterStart:
     def start(self, requests):
         result = self.executor.start(requests)
         if not self.killed:
-            w = owner(requests[0].task["id"], self.executor.n)
+            w = worker_of(requests[0].task["id"], self.executor.n)
             os.kill(ray.get(self.executor.actors[w].pid.remote()), signal.SIGKILL)
             self.killed = True
         return result
@@ -179,7 +181,7 @@ def test_after_sync_weights_every_worker_holds_the_trainers_parameters(one, two)
 def test_when_restarts_are_spent_the_error_names_the_worker_and_its_trees(two, run) -> None:
     config, _, tasks = run
     session = RolloutSession(two, 3, two.version)
-    task = next(t for t in tasks if owner(t.id, 2) == 0)
+    task = next(t for t in tasks if worker_of(t.id, 2) == 0)
     session.start([task], [2], ["lost@0"])
     two.max_restarts = 0
     os.kill(ray.get(two.actors[0].pid.remote()), signal.SIGKILL)

@@ -6,7 +6,7 @@ plain-data :class:`~tracerl.train.workers.WorkerSpec` (it loads the initial poli
 with each ``sync_weights``). This module imports Ray; nothing else in tracerl does, and it loads
 no model code on the driver (the actors import it).
 
-- Ownership: a tree lives on worker ``crc32(task id) % workers``, so ``prompt_states`` and
+- Ownership: a tree lives on worker :func:`~tracerl.core.protocol.worker_of` (a stable hash of its task id), so ``prompt_states`` and
   ``start`` of one task reach the same worker (its prefill KV serves the start) and every
   expansion of a tree reaches the worker holding it. Calls fan out in parallel; the merged
   result lists the deltas in request order (first touch), as one executor would.
@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -49,6 +48,7 @@ from tracerl.core.protocol import (
     StartRequest,
     apply_delta,
     tree_delta,
+    worker_of,
 )
 from tracerl.core.types import RolloutTree
 from tracerl.errors import UserError
@@ -65,11 +65,6 @@ _ACTOR: Any = None  # the Ray actor class of RolloutWorker (made once per proces
 
 class WorkerLostError(UserError):
     """A rollout worker failed more often than ``rollout.max_worker_restarts`` allows."""
-
-
-def owner(task_id: str, workers: int) -> int:
-    """The worker holding ``task_id``'s trees: a hash stable across processes and runs (not ``hash``)."""
-    return zlib.crc32(task_id.encode("utf-8")) % workers
 
 
 class RolloutWorker:
@@ -162,7 +157,7 @@ class RayExecutor:
     def start(self, requests: Sequence[StartRequest]) -> RolloutResult:
         for r in requests:
             self.tasks[r.tree_id] = r.task
-        shares = self._shares(requests, lambda r: owner(r.task["id"], self.n))
+        shares = self._shares(requests, lambda r: worker_of(r.task["id"], self.n))
         result = self._rollout_call("start", requests, shares)
         for r in requests:
             self.branches[r.tree_id] = {0: int(r.n)}
@@ -172,7 +167,7 @@ class RayExecutor:
         unknown = [r.tree_id for r in requests if r.tree_id not in self.tasks]
         if unknown:
             raise ValueError(f"expand of trees {unknown} that no start of this executor produced")
-        shares = self._shares(requests, lambda r: owner(self.tasks[r.tree_id]["id"], self.n))
+        shares = self._shares(requests, lambda r: worker_of(self.tasks[r.tree_id]["id"], self.n))
         result = self._rollout_call("expand", requests, shares)
         for r in requests:
             counts = self.branches[r.tree_id]
@@ -187,7 +182,7 @@ class RayExecutor:
             apply_delta(self.trees, req.tree)
             self.tasks[req.tree.tree_id] = req.task
             self.branches[req.tree.tree_id] = {int(k): v for k, v in req.branches.items()}
-        shares = self._shares(requests, lambda r: owner(r.task["id"], self.n))
+        shares = self._shares(requests, lambda r: worker_of(r.task["id"], self.n))
         self._fan_out("adopt", shares)
 
     def score(self, requests: Sequence[ScoreRequest]) -> ScoreResult:
@@ -200,7 +195,7 @@ class RayExecutor:
                                  "(readiness needs algo.credit = true)")
             return self.driver_score(requests)
         if self.readiness_on == "workers":
-            shares = self._shares(requests, lambda r: owner(r.task_id, self.n))
+            shares = self._shares(requests, lambda r: worker_of(r.task_id, self.n))
         else:
             scorers = list(range(self.n, len(self.actors)))
             shares = {}
@@ -235,7 +230,7 @@ class RayExecutor:
         self._add("sync_bytes", float(bucket_bytes(buckets)))
 
     def forget(self, tree_ids: Sequence[str]) -> None:
-        shares = self._shares([t for t in tree_ids if t in self.tasks], lambda t: owner(self.tasks[t]["id"], self.n))
+        shares = self._shares([t for t in tree_ids if t in self.tasks], lambda t: worker_of(self.tasks[t]["id"], self.n))
         self._fan_out("forget", shares, retry=False)
         for t in tree_ids:
             self.trees.pop(t, None)
@@ -285,7 +280,7 @@ class RayExecutor:
         return actor.remote(replace(self.spec, worker=f"w{index}", version=self.version), self.weight_sync)
 
     def _by_task(self, method: str, tasks: Sequence[dict[str, Any]]) -> list[Any]:
-        shares = self._shares(list(range(len(tasks))), lambda i: owner(tasks[i]["id"], self.n))
+        shares = self._shares(list(range(len(tasks))), lambda i: worker_of(tasks[i]["id"], self.n))
         answers = self._fan_out(method, {w: [tasks[i] for i in idx] for w, idx in shares.items()})
         out: list[Any] = [None] * len(tasks)
         for w, idx in shares.items():
@@ -348,7 +343,7 @@ class RayExecutor:
     def _replace(self, w: int, err: BaseException) -> None:
         """Worker ``w`` failed: a fresh actor in its bundle with the last weights and its trees."""
         self._add("worker_failures", 1.0)
-        owned = sorted(t for t, task in self.tasks.items() if owner(task["id"], self.n) == w)
+        owned = sorted(t for t, task in self.tasks.items() if worker_of(task["id"], self.n) == w)
         while True:
             self.restarts[w] += 1
             if self.restarts[w] > self.max_restarts:
