@@ -161,6 +161,20 @@ def test_a_worker_killed_during_an_expand_is_replaced_and_the_step_is_unchanged(
     assert metrics["worker_failures"] == 1 and metrics["requests_retried"] >= 1
 
 
+def test_a_worker_silent_past_the_timeout_is_replaced_and_the_step_is_unchanged(one, two, run) -> None:
+    expected = _collect(one, run, "chain", seed=8)
+    two.take_metrics()
+    ray.get(two.actors[0].hang_in.remote("start"))
+    two.timeout = 5.0  # requests only: building the replacement has its own limit
+    try:
+        got = _collect(two, run, "chain", seed=8)
+    finally:
+        two.timeout = 120.0
+    _same(expected[:2], got[:2])
+    metrics = two.take_metrics()
+    assert metrics["worker_failures"] == 1 and metrics["requests_retried"] >= 1
+
+
 def test_after_sync_weights_every_worker_holds_the_trainers_parameters(one, two) -> None:
     tok = bpe_tokenizer()
     trainer = tiny_model(len(tok), seed=9)  # other weights than the initial policy's

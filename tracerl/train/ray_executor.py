@@ -81,10 +81,13 @@ class RolloutWorker:
         self.weight_sync = weight_sync
         self.device = str(spec.config["model"].get("device", "cpu"))
         self._die_in: str | None = None
+        self._hang_in: str | None = None
 
     def call(self, method: str, *args: Any) -> Any:
         if self._die_in == method:  # a test's fault: this process ends in the middle of the call
             os.kill(os.getpid(), signal.SIGKILL)
+        if self._hang_in == method:  # a test's fault: the call never answers
+            time.sleep(3600)
         return getattr(self.executor, method)(*args)
 
     def sync(self, payload: Any, version: int, mode: str) -> None:
@@ -107,6 +110,10 @@ class RolloutWorker:
         """Fault injection for tests: SIGKILL this process when ``method`` is next called."""
         self._die_in = method
 
+    def hang_in(self, method: str | None) -> None:
+        """Fault injection for tests: never answer the next ``method`` call."""
+        self._hang_in = method
+
 
 class RayExecutor:
     """The rollout executor protocol over Ray actors (see the module docstring).
@@ -121,6 +128,7 @@ class RayExecutor:
         self.readiness_on = str(rollout.get("readiness_on", "driver"))
         self.timeout = float(rollout.get("request_timeout_s", 600.0))
         self.max_restarts = int(rollout.get("max_worker_restarts", 3))
+        self.build_timeout = max(self.timeout, 600.0)  # building a worker (loading a model) is not a request
         self.driver_score = score
         self.version = int(spec.version)
         res = rollout.get("worker_resources", {}) or {}
@@ -131,7 +139,7 @@ class RayExecutor:
         self.group = placement_group([dict(bundle) for _ in range(self.n + scorers)], strategy="PACK")
         ray.get(self.group.ready(), timeout=self.timeout)
         self.actors = [self._spawn(i) for i in range(self.n + scorers)]
-        ray.get([a.pid.remote() for a in self.actors], timeout=self.timeout)  # built (model loaded) before step 1
+        ray.get([a.pid.remote() for a in self.actors], timeout=self.build_timeout)  # built (model loaded) before step 1
         self.restarts = [0] * (self.n + scorers)
         self._weights: Any = None  # the last weights payload (an ObjectRef): a replacement loads it
         self.trees: dict[str, RolloutTree] = {}
@@ -353,12 +361,13 @@ class RayExecutor:
             ray.kill(self.actors[w], no_restart=True)  # a silent worker must not answer late
             self.actors[w] = self._spawn(w)
             try:
+                ray.get(self.actors[w].pid.remote(), timeout=self.build_timeout)
                 if self._weights is not None:
                     ray.get(self.actors[w].sync.remote(self._weights, self.version, self.weight_sync),
-                            timeout=self.timeout)
+                            timeout=self.build_timeout)
                 adopt = [self._adopt_request(t) for t in owned if t in self.trees]
                 if adopt:
-                    ray.get(self.actors[w].call.remote("adopt", adopt), timeout=self.timeout)
+                    ray.get(self.actors[w].call.remote("adopt", adopt), timeout=self.build_timeout)
                 return
             except _FAULTS as again:
                 self._add("worker_failures", 1.0)
