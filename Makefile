@@ -62,19 +62,20 @@ vllm: $(VLLM_VENV)/.installed
 test-vllm: $(VLLM_VENV)/.installed
 	HF_HUB_OFFLINE=1 $(VLLM_PY) -m pytest -m vllm
 
-# Several processes (FSDP2 training on gloo through torchrun) in an environment of their own; the
-# default run skips the tests marked `dist` (they need TRACERL_DIST_TESTS=1).
+# Several processes (FSDP2 training on gloo through torchrun, Ray rollout workers on a local
+# cluster) in an environment of their own; the default run skips the tests marked `dist` (they
+# need TRACERL_DIST_TESTS=1). RAY_AUTH_MODE=disabled: a local test cluster asks for no token.
 DIST_VENV ?= .venv-dist
 DIST_PY := $(DIST_VENV)/bin/python
 
 $(DIST_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(DIST_VENV)
 	$(DIST_PY) -c "import torch" 2>/dev/null || $(DIST_PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(DIST_PY) -m pip install --quiet -e ".[dev]"
+	$(DIST_PY) -m pip install --quiet -e ".[dev,ray]"
 	touch $@
 
 test-dist: $(DIST_VENV)/.installed
-	HF_HUB_OFFLINE=1 TRACERL_DIST_TESTS=1 $(DIST_PY) -m pytest -m dist
+	HF_HUB_OFFLINE=1 TRACERL_DIST_TESTS=1 RAY_AUTH_MODE=disabled $(DIST_PY) -m pytest -m dist
 
 clean:
 	rm -rf $(VENV) $(EXTRAS_VENV) $(VLLM_VENV) $(DIST_VENV) demo_out

@@ -17,8 +17,8 @@ from tracerl.train.workers import LiveParts, WorkerSpec, build_executor, worker_
 
 def test_an_unknown_executor_fails_at_config_load_naming_the_field() -> None:
     assert resolve_config("grpo").rollout.executor == "local"
-    with pytest.raises(ConfigError, match="rollout.executor = 'ray' is not valid; allowed values: local"):
-        resolve_config("grpo", overrides=["rollout.executor=ray"])
+    with pytest.raises(ConfigError, match="rollout.executor = 'rey' is not valid; allowed values: local, ray"):
+        resolve_config("grpo", overrides=["rollout.executor=rey"])
 
 
 def test_an_executor_built_from_a_pickled_spec_equals_one_sharing_the_trainers_parts(tmp_path) -> None:

@@ -32,13 +32,12 @@ from tracerl.train.config_ranges import check_numbers
 from tracerl.train.divergence import DivergenceConfig
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, parse_yaml, to_dict
 from tracerl.train.dist_config import DistConfig, check_dist
+from tracerl.train.executor_config import WorkerResources, check_rollout_executor, check_weight_sync
 from tracerl.train.presets import PRESETS, SMOKE
 from tracerl.train.trace_checks import check_trace_options
 from tracerl.train.data_source import DATA_PATHS, infer_data_source, synthwiki_ignores_paths
 
 
-EXECUTORS = ("local",)
-"""Values of ``rollout.executor``."""
 
 
 def _one_of(section: str, name: str, value: Any, allowed: list[str] | tuple[str, ...]) -> None:
@@ -263,11 +262,29 @@ class RolloutConfig:
     schemes: SchemeConfig = field(default_factory=SchemeConfig)
     executor: str = "local"
     """What runs the rollouts the scheme plans: ``local`` (in this process, sharing the trainer's
-    model). Built from a plain-data ``WorkerSpec`` by ``tracerl.train.workers.build_executor``."""
+    model) or ``ray`` (``workers`` Ray actors, each holding a local executor; needs the ``ray``
+    extra). Built from a plain-data ``WorkerSpec`` by ``tracerl.train.workers.build_executor``."""
+    workers: int = 1
+    """Ray rollout workers (``executor = ray``); trees are owned by a stable hash of the task id."""
+    worker_resources: WorkerResources = field(default_factory=WorkerResources)
+    ray_address: str = ""
+    """Ray cluster to join (``auto``, ``ray://host:10001``, ``host:6379``); empty: start a local cluster."""
+    max_worker_restarts: int = 3
+    """Replacements of a failed (dead or timed-out) worker per run before the run stops."""
+    request_timeout_s: float = 600.0
+    """A worker that has not answered a request in this long is treated as failed and replaced."""
+    weight_sync: str = "object_store"
+    """How new weights reach Ray workers: ``object_store`` (buckets through ``ray.put``), ``cuda_ipc``
+    (same-node GPU handles) or ``nccl`` (a broadcast group); the last two need CUDA."""
+    readiness_on: str = "driver"
+    """Where reference readiness is scored with ``executor = ray``: ``driver`` (the trainer's
+    reference), ``workers`` (each rollout worker's own) or ``scoring_workers`` (separate actors)."""
+    scoring_workers: int = 1
+    """Scoring actors when ``readiness_on = scoring_workers``."""
 
     def __post_init__(self) -> None:
         _registered("rollout", "scheme", self.scheme, SCHEMES)
-        _one_of("rollout", "executor", self.executor, EXECUTORS)
+        check_rollout_executor(self)  # executor, workers, weight_sync, ...; Ray installed for `ray`
         _positive("rollout", budget=self.budget, pool_size=self.pool_size)
         check_finite("rollout", self)
         if not self.engine.temperature > 0:  # the update divides logits by it: 0 makes every log-prob NaN
@@ -449,6 +466,7 @@ class TrainConfig:
                               f"optim.loss_agg = 'seq-mean-token-mean', got {self.optim.loss_agg!r}")
         check_finite("", self)  # every section, the predictor and algo.advantage included
         check_trace_options(self)  # cross-field checks of the TRACE options (train/trace_checks.py)
+        check_weight_sync(self)  # cuda_ipc / nccl weight sync only on CUDA
         if self.predictor.features != "handcrafted" and self.model.backend != "hf":
             raise ConfigError(f"predictor.features = {self.predictor.features!r} needs model.backend = 'hf': the "
                               f"policy's hidden states come from the HF generation forward (model.backend = "

@@ -211,6 +211,7 @@ class Trainer(RunLifecycle):
         record.update(time_rollout_execute=rollout_inner["execute"], time_rollout_readiness=rollout_inner["score"],
                       # generation throughput of the backend (hf or vllm): tokens over executor time
                       generated_tokens_per_s=result.cost.generated_tokens / max(rollout_inner["execute"], 1e-9))
+        record.update(getattr(self.executor, "take_metrics", dict)())  # ray: sync time/bytes, faults, tokens/s per worker
         return record
 
     def _phase_end(self, timings: dict[str, float], name: str, since: float) -> float:

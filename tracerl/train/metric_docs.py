@@ -105,6 +105,11 @@ METRICS: tuple[Metric, ...] = (
     Metric("time_rollout_execute", "timing", "Executor seconds inside the rollout phase (generation and tools; the rest is planning)."),
     Metric("time_rollout_readiness", "timing", "Reference-scoring seconds inside the rollout phase (trace scores anchors while planning)."),
     Metric("generated_tokens_per_s", "timing", "Generated tokens over executor seconds."),
+    Metric("time_sync_weights", "timing", "rollout.executor=ray: seconds pushing the new weights to every rollout worker after the update."),
+    Metric("sync_bytes", "timing", "rollout.executor=ray: bytes of weights sent to the workers this step."),
+    Metric("worker_{name}_tokens_per_s", "timing", "rollout.executor=ray: one worker's generated tokens over its executor seconds, over the run so far."),
+    Metric("worker_failures", "training", "rollout.executor=ray: workers lost this step (died or past rollout.request_timeout_s) and replaced; their trees were adopted."),
+    Metric("requests_retried", "training", "rollout.executor=ray: requests re-sent to a replacement worker this step (same seeds and branch indices)."),
     Metric("peak_mem_gb_{phase}", "timing", "CUDA only: peak allocated GiB during a phase."),
 )
 """Every key of ``metrics.jsonl``; one line per key or family (see the module docstring)."""

@@ -56,15 +56,22 @@ def worker_spec(config: TrainConfig, initial_policy: str | Path, *, worker: str 
     return WorkerSpec(to_dict(config), str(initial_policy), config.seed, worker, version)
 
 
-def build_executor(spec: WorkerSpec, live: LiveParts | None = None) -> LocalExecutor:
+def build_executor(spec: WorkerSpec, live: LiveParts | None = None) -> Any:
     """The executor ``spec.config['rollout']['executor']`` names, built from ``spec`` (and ``live``).
 
-    The backend records hidden states when the predictor reads them (``predictor.features``
-    hidden/both with the trace scheme); the evaluation engine shares the backend at
-    ``eval.temperature``."""
+    ``local``: a :class:`LocalExecutor`. The backend records hidden states when the predictor reads
+    them (``predictor.features`` hidden/both with the trace scheme); the evaluation engine shares
+    the backend at ``eval.temperature``. ``ray``: a ``RayExecutor`` whose actors each build the
+    local one from ``spec`` (Ray is imported only then); with ``rollout.readiness_on = driver``
+    it scores readiness with ``live``'s reference."""
     cfg = from_dict(TrainConfig, spec.config)
+    if cfg.rollout.executor == "ray":
+        from tracerl.train.ray_executor import RayExecutor
+
+        driver_score = live.reference.score_nodes if (live is not None and live.reference is not None) else None
+        return RayExecutor(spec, driver_score if cfg.algo.credit else None)
     if cfg.rollout.executor != "local":  # the config refuses other values; a spec may come from elsewhere
-        raise ConfigError(f"rollout.executor = {cfg.rollout.executor!r} is not valid; allowed values: local")
+        raise ConfigError(f"rollout.executor = {cfg.rollout.executor!r} is not valid; allowed values: local, ray")
     parts = live if live is not None else _load_parts(cfg, spec)
     backend = make_backend(cfg.model, parts.model, parts.tokenizer, seed=spec.seed)
     if cfg.uses_predictor and cfg.predictor.uses_hidden:  # HF only (checked by the config)
