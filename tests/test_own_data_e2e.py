@@ -59,10 +59,11 @@ def run_command(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[st
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     capsys.readouterr()
+    bars = hf_logging.is_progress_bar_enabled()
     try:
         module.main(args[2:])
-    finally:
-        hf_logging.enable_progress_bar()  # the script turns them off for its process, here the test session's
+    finally:  # the script turns them off for its process, here the test session's: restore what it was
+        (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
     captured = capsys.readouterr()
     return captured.out, captured.err
 
