@@ -30,6 +30,16 @@ def test_a_bad_number_names_its_field(override: str, message: str) -> None:
     assert len(str(info.value)) < 400  # the 5000 digits are not echoed
 
 
+def test_a_number_too_long_to_read_in_a_config_file_names_its_field(tmp_path: Path) -> None:
+    """A 5,000-digit integer in a --config file stopped Python's int() with a line naming no field."""
+    path = tmp_path / "big.yaml"
+    path.write_text("optim:\n  lr: 0.001\nrollout:\n  engine:\n    max_turns: " + "7" * 5000 + "\n")
+    with pytest.raises(ConfigError) as info:
+        resolve_config("grpo", smoke=True, config_file=str(path))
+    assert "field 'rollout.engine.max_turns' (line 5, 5000 characters) cannot be read" in str(info.value)
+    assert len(str(info.value)) < 400
+
+
 def test_numbers_at_the_edges_of_the_ranges_are_accepted() -> None:
     edges = ["optim.lr=1e30", f"seed={2**63 - 1}", "data.tool_timeout_s=1e6"]
     config = resolve_config("grpo", smoke=True, overrides=edges)

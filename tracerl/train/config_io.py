@@ -193,6 +193,32 @@ def parse_yaml(text: str, source: str | Path) -> Any:
         raise ConfigError(f"config file {source} refused: it {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {source} is not valid YAML ({' '.join(str(err).split())})") from None
+    except ValueError as err:  # e.g. an integer past Python's 4,300-digit conversion limit
+        raise ConfigError(f"config file {source}: {_unreadable_number(text) or 'a value'} cannot be read "
+                          f"({' '.join(str(err).split()[:8])}...)") from None
+
+
+def _unreadable_number(text: str) -> str | None:
+    """``field 'a.b' (line N)`` of the first scalar too long to be a number, found on the composed
+    (not constructed) document, which the bounded loader has already parsed once."""
+    def walk(node: Any, path: str) -> str | None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                found = walk(value, f"{path}.{key.value}" if path else str(key.value))
+                if found:
+                    return found
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                found = walk(item, f"{path}[{i}]")
+                if found:
+                    return found
+        elif isinstance(node, yaml.ScalarNode) and len(node.value) > 4000:
+            return f"field {path!r} (line {node.start_mark.line + 1}, {len(node.value)} characters)"
+        return None
+    try:
+        return walk(yaml.compose(text, Loader=yaml.SafeLoader), "")
+    except yaml.YAMLError:
+        return None
 
 
 def _numbers_in(value: Any) -> Any:
