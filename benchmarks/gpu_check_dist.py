@@ -51,21 +51,6 @@ def _peak(device: str) -> float | None:
     return peak
 
 
-def _batch(vocab: int, n: int, length: int) -> tuple[list[Any], list[torch.Tensor]]:
-    from tracerl.core.types import Action, Trajectory, Turn
-
-    g = torch.Generator().manual_seed(0)
-    trajs, advs = [], []
-    for i in range(n):
-        prompt = torch.randint(3, vocab, (length // 4,), generator=g).tolist()
-        answer = torch.randint(3, vocab, (length - len(prompt),), generator=g).tolist()
-        turn = Turn(assistant_ids=answer, observation_ids=[], text="", action=Action(kind="answer", answer="x"),
-                    logprobs=[-5.0] * len(answer))
-        trajs.append(Trajectory(task_id=f"t{i}", group_id="g", prompt_ids=prompt, turns=[turn]))
-        advs.append(torch.full((length,), 1.0 if i % 2 else -1.0))
-    return trajs, advs
-
-
 def _model(device: str, dry: bool) -> Any:
     from reference_scoring import small_model
 
@@ -82,7 +67,9 @@ def check_fsdp(device: str, dry: bool, mesh: Any) -> tuple[dict[str, Any], Any]:
     plain = _model(device, dry)
     start = {k: v.detach().float().cpu().clone() for k, v in plain.state_dict().items()}
     n, length, micro = (4, 128, 2) if dry else (8, 1024, 4)
-    trajs, advs = _batch(plain.config.vocab_size, n, length)
+    from gpu_check_shapes import update_batch  # the update's work at a shape, shared with gpu_check
+
+    trajs, advs = update_batch(plain.config.vocab_size, n, length)
     settings = UpdateSettings(micro_batch_size=micro, temperature=1.0, clip_low=0.2, clip_high=0.28, kl_coef=0.0,
                               loss_agg="token-mean", grad_clip=1e9, dtype="bfloat16")
     _peak(device)

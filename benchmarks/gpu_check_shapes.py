@@ -18,6 +18,21 @@ GB = 2**30
 SMALL = dict(vocab=4096, hidden=128, layers=2)
 
 
+def update_batch(vocab: int, n: int, length: int) -> tuple[list[Trajectory], list[torch.Tensor]]:
+    """``n`` one-turn trajectories of ``length`` random tokens (a quarter prompt), advantages +-1:
+    the update's work at a given shape, with no rollout."""
+    g = torch.Generator().manual_seed(0)
+    trajs, advs = [], []
+    for i in range(n):
+        prompt = torch.randint(3, vocab, (length // 4,), generator=g).tolist()
+        answer = torch.randint(3, vocab, (length - len(prompt),), generator=g).tolist()
+        turn = Turn(assistant_ids=answer, observation_ids=[], text="", action=Action(kind="answer", answer="x"),
+                    logprobs=[-5.0] * len(answer))
+        trajs.append(Trajectory(task_id=f"t{i}", group_id="g", prompt_ids=prompt, turns=[turn]))
+        advs.append(torch.full((length,), 1.0 if i % 2 else -1.0))
+    return trajs, advs
+
+
 def _model(device: str, small: bool, dtype: torch.dtype | None = None) -> Any:
     if small:
         model = small_model(SMALL["vocab"], SMALL["hidden"], SMALL["layers"], device)
@@ -84,15 +99,7 @@ def check_update(device: str, small: bool) -> dict[str, Any]:
     if not small:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     vocab, (n, length) = model.config.vocab_size, ((4, 128) if small else (16, 1024))
-    g = torch.Generator().manual_seed(0)
-    trajs, advs = [], []
-    for i in range(n):
-        prompt = torch.randint(3, vocab, (length // 4,), generator=g).tolist()
-        answer = torch.randint(3, vocab, (length - len(prompt),), generator=g).tolist()
-        turn = Turn(assistant_ids=answer, observation_ids=[], text="", action=Action(kind="answer", answer="x"),
-                    logprobs=[-5.0] * len(answer))
-        trajs.append(Trajectory(task_id=f"t{i}", group_id="g", prompt_ids=prompt, turns=[turn]))
-        advs.append(torch.full((length,), 1.0 if i % 2 else -1.0))
+    trajs, advs = update_batch(vocab, n, length)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     settings = UpdateSettings(micro_batch_size=8 if not small else 2, temperature=1.0, clip_low=0.2, clip_high=0.28,
                               kl_coef=0.0, loss_agg="token-mean", grad_clip=1.0,

@@ -169,7 +169,7 @@ def test_config_validates_the_option_and_rejects_vllm(monkeypatch: pytest.Monkey
 
 
 def test_deltas_serialise_states() -> None:
-    from tracerl.core.protocol import NodeRecord, RolloutTree, TreeDelta, apply_delta, from_json, pack_floats, to_json
+    from tracerl.core.protocol import NodeRecord, TreeDelta, apply_delta, from_json, pack_floats, to_json
 
     delta = TreeDelta("t", "q", 1, [NodeRecord(0, dataclasses.asdict(tool_turn()), pack_floats([0.5, -1.0]))], [],
                       [1, 2], root_hidden=pack_floats([0.25, 2.0]))

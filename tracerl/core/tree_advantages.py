@@ -184,7 +184,7 @@ def _group_mixed(batch: AdvantageBatch, group_adv: Tensor) -> list[bool]:
 def trace_credit_parts(batch: AdvantageBatch, options: AdvantageOptions) -> CreditParts:
     """Both terms of ``trace_credit`` (see :class:`CreditParts`), shaped by the credit options."""
     per_turn, group_adv = tree_outcome_turn_advantages(batch, options)
-    outcome, raw, transitions, fills = [], [], [], []
+    outcome, raw, transitions = [], [], []
     for i, traj in enumerate(batch.trajectories):
         n = len(traj.turns)
         term, fill = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
