@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -81,6 +81,10 @@ class RolloutExecutor(Protocol):
     def evaluate(self, tasks: Sequence[Any], samples: int = 1, seed: int = 0) -> dict[str, float]: ...
 
     def clear_prefix_cache(self) -> None: ...
+
+    def eval_state(self) -> dict[str, int]: ...
+
+    def load_eval_state(self, state: Mapping[str, int]) -> None: ...
 
     def sleep(self, level: int = 1) -> None: ...
 
@@ -180,6 +184,15 @@ class LocalExecutor:
         self.clear_prefix_cache()
         _take_tool_stats(self.engine.env)
         return report.metrics
+
+    def eval_state(self) -> dict[str, int]:
+        """What seeds the next evaluation's episodes (checkpointed, so a resumed run evaluates on the
+        same draws): the evaluation engine's count of trees started (tree ids carry it)."""
+        return {"trees_started": self.eval_engine.trees_started if self.eval_engine is not None else 0}
+
+    def load_eval_state(self, state: Mapping[str, int]) -> None:
+        if self.eval_engine is not None:
+            self.eval_engine.trees_started = int(state.get("trees_started", 0))
 
     def clear_prefix_cache(self) -> None:
         self.backend.clear_prefix_cache()

@@ -27,6 +27,7 @@ class WorkerResources:
     """What one Ray rollout worker reserves in the placement group (a bundle)."""
 
     cpus: float = 1.0
+    """CPU cores per worker (Ray's logical CPUs: what the scheduler reserves, not a limit on threads)."""
     gpus: float = 0.0
     """GPUs per worker; fractions share one GPU between workers (Ray's fractional resources)."""
 

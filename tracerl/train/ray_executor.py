@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -200,6 +200,13 @@ class RayExecutor:
     def evaluate(self, tasks: Sequence[Any], samples: int = 1, seed: int = 0) -> dict[str, float]:
         """On worker 0 (one engine: the same numbers as a local executor)."""
         return self._fan_out("evaluate", {0: [list(tasks), samples, seed]}, unpack_args=True)[0]
+
+    def eval_state(self) -> dict[str, int]:
+        """Worker 0's (it runs every evaluation)."""
+        return self._fan_out("eval_state", {0: []}, unpack_args=True)[0]
+
+    def load_eval_state(self, state: Mapping[str, int]) -> None:
+        self._fan_out("load_eval_state", {0: [dict(state)]}, unpack_args=True)
 
     def clear_prefix_cache(self) -> None:
         self._fan_out("clear_prefix_cache", {i: [] for i in range(len(self.actors))}, unpack_args=True)

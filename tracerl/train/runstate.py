@@ -164,7 +164,7 @@ class RunLifecycle:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": RngState.capture(self.generator).to_dict(),
             "tool_health": self.tool_health.state_dict(),  # per-tool failure streaks
-            "eval_trees_started": self.executor.eval_engine.trees_started,  # seeds evaluation episodes
+            "eval_trees_started": self.executor.eval_state()["trees_started"],  # seeds evaluation episodes
             "divergence": self.divergence.state_dict(),  # the running baselines of the divergence tests
         }
         sharded = {"write_sharded": self.driver.save} if self.driver is not None else {}  # every rank's shards
@@ -187,7 +187,7 @@ class RunLifecycle:
         self.nonfinite = dict(state.get("nonfinite", self.nonfinite))
         RngState.from_dict(state["rng"]).restore(self.generator)
         self.tool_health.load_state_dict(state.get("tool_health", {}))
-        self.executor.eval_engine.trees_started = state.get("eval_trees_started", 0)
+        self.executor.load_eval_state({"trees_started": state.get("eval_trees_started", 0)})
         self.divergence.load_state_dict(state.get("divergence", {}))
         self.executor.sync_weights(self.model, self.step_index)  # the backend samples from the loaded weights
         self.log.truncate_after(self.step_index)
