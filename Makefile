@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # unpinned `torch` resolves to several GB of CUDA wheels.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test test-extras vllm test-vllm test-dist bench clean
+.PHONY: install lint demo test test-extras vllm test-vllm test-dist bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,12 +17,17 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# ruff (default rules and zip(strict=...)) over the tree, mypy over the pure core (pyproject.toml).
+lint: install
+	$(PY) -m ruff check tracerl tests benchmarks examples
+	$(PY) -m mypy
+
 demo: install
 	$(VENV)/bin/tracerl demo --out demo_out
 
 # The default suite in .venv, then the optional extras' tests and the vLLM backend's tests, each in
 # an environment of its own (the default run never imports them).
-test: install
+test: install lint
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
 	$(MAKE) test-extras
 	$(MAKE) test-vllm

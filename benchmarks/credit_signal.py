@@ -78,7 +78,7 @@ def measure(trajectories: list[Trajectory], tasks: dict[str, Any], outcome: list
             continue
         values = prefix_values(torch.tensor(traj.readiness, dtype=torch.float64), form, options.credit_eps)
         deltas = (values[1:] - values[:-1]).tolist()
-        for delta, good in zip(deltas, useful_transitions(traj, tasks[traj.task_id].supporting_titles)):
+        for delta, good in zip(deltas, useful_transitions(traj, tasks[traj.task_id].supporting_titles), strict=True):
             (useful if good else other).append(delta)
         (final_ok if traj.reward > 0.5 else final_bad).append(float(values[-1]))
         credit = trajectory_turn_credit(traj, outcome[i], options).tolist()

@@ -202,7 +202,7 @@ def plot(points: dict[str, Any], out: Path, runs: dict[str, list[dict[str, Any]]
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for ax, axis, title in zip(axes, ("horizon", "w_turn", "credit_value"),
-                               ("window K (w_turn 0.2)", "w_turn (K = 3)", "value form (K = 3, w_turn 0.2)")):
+                               ("window K (w_turn 0.2)", "w_turn (K = 3)", "value form (K = 3, w_turn 0.2)"), strict=True):
         on = [(name, p[axis], p) for name, p in points.items() if axis in p["axes"]]
         if axis != "credit_value":
             on.sort(key=lambda item: item[1])
@@ -247,11 +247,11 @@ def merge_shards(paths: list[Path], imports: list[Path] = ()) -> tuple[dict[str,
     def same(shard: dict[str, Any]) -> Any:
         return {k: v for k, v in shard["setting"].items() if k not in ("seeds", "seed_list", "imported")}
 
-    for path, shard in zip(paths[1:], shards[1:]):
+    for path, shard in zip(paths[1:], shards[1:], strict=True):
         if same(shard) != same(shards[0]):
             raise SystemExit(f"{path}: its setting differs from {paths[0]}'s")
     sources: list[tuple[Path, dict[str, Any], dict[str, list[dict[str, Any]]]]] = [
-        (p, shard["grid"], shard["runs"]) for p, shard in zip(paths, shards)]
+        (p, shard["grid"], shard["runs"]) for p, shard in zip(paths, shards, strict=True)]
     grid_of = {p["label"]: p for p in grid(argparse.Namespace(grid="cross", horizons=[CENTER[0]],
                                                               w_turns=[0.0, CENTER[1]], forms=[CENTER[2]]))}
     for path in imports:

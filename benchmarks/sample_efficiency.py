@@ -304,7 +304,7 @@ def plot(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], out: Pa
         style = {"lw": 2.4} if name == "trace" else {"lw": 1.3}
         axes[0, 0].plot([p["generated_tokens"] for p in curve], [p["accuracy"] for p in curve], marker="o", label=name, **style)
         axes[0, 1].plot([p["rollouts"] for p in curve], [p["accuracy"] for p in curve], marker="o", label=name, **style)
-        per_step = [mean(list(v)) for v in zip(*[r["effective_ratio"] for r in runs[name]])]
+        per_step = [mean(list(v)) for v in zip(*[r["effective_ratio"] for r in runs[name]], strict=True)]
         axes[1, 0].plot(range(1, len(per_step) + 1), per_step, label=name, **style)
     if summary["grpo_final_accuracy"] is not None:
         for ax in (axes[0, 0], axes[0, 1]):
@@ -333,11 +333,11 @@ def merge_shards(paths: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], di
     def same(shard: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in shard["setting"].items() if k != "seeds"}
 
-    for path, shard in zip(paths[1:], shards[1:]):
+    for path, shard in zip(paths[1:], shards[1:], strict=True):
         if same(shard) != same(shards[0]):
             raise SystemExit(f"{path}: its setting differs from {paths[0]}'s; shards must share one setting")
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS + ABLATIONS + OPTIONS}
-    for path, shard in zip(paths, shards):
+    for path, shard in zip(paths, shards, strict=True):
         for method, rs in shard["runs"].items():
             for run in rs:  # a method's run of one seed held by two shards (grpo beside each arm) counts once
                 twin = next((r for r in runs[method] if r["seed"] == run["seed"]), None)

@@ -26,7 +26,7 @@ def explore_plan(values: list[float], seed: int) -> list[int]:
     drawn = exploration_prompts(len(values), 8, 8, seed=seed)
     rest = [i for i in range(len(values)) if i not in drawn]
     counts = [8 if i in drawn else 0 for i in range(len(values))]
-    for i, m in zip(rest, allocate_roots([values[i] for i in rest], 24, min_per_prompt=8)):
+    for i, m in zip(rest, allocate_roots([values[i] for i in rest], 24, min_per_prompt=8), strict=True):
         counts[i] = m
     return counts
 
@@ -45,7 +45,7 @@ def main() -> None:
         }
         for name, counts in plans.items():
             t = totals.setdefault(name, {1: 0, 2: 0, 3: 0})
-            for h, m in zip(pool, counts):
+            for h, m in zip(pool, counts, strict=True):
                 t[h] += m
     shares = {name: {str(h): t[h] / sum(t.values()) for h in (1, 2, 3)} for name, t in totals.items()}
     for name, s in shares.items():

@@ -102,7 +102,7 @@ def measure(args: argparse.Namespace, overrides: list[str]) -> dict[str, list[di
 def _per_token(seconds: list[float], tokens: list[float]) -> float | None:
     """Milliseconds per token over the steps that trained any (rows with zero advantage are skipped)."""
     total = sum(t for t in tokens if t)
-    return 1000 * sum(s for s, t in zip(seconds, tokens) if t) / total if total else None
+    return 1000 * sum(s for s, t in zip(seconds, tokens, strict=True) if t) / total if total else None
 
 
 def summarise(steps: dict[str, list[dict[str, Any]]], warmup: int) -> dict[str, Any]:
@@ -118,13 +118,13 @@ def summarise(steps: dict[str, list[dict[str, Any]]], warmup: int) -> dict[str, 
             "trained_tokens": mean([r["trained_tokens"] for r in rows]),
             "update_ms_per_trained_token": _per_token([r["phases"]["update"] for r in rows],
                                                       [r["trained_tokens"] for r in rows]),
-            "over_grpo": median([r["step_seconds"] / g["step_seconds"] for r, g in zip(rows, kept["grpo"])]),
+            "over_grpo": median([r["step_seconds"] / g["step_seconds"] for r, g in zip(rows, kept["grpo"], strict=True)]),
         }
     out: dict[str, Any] = {"methods": methods, "phases": list(PHASES)}
     if "trace" in kept:
         trace, grpo = kept["trace"], kept["grpo"]
-        per_step = [t["step_seconds"] / g["step_seconds"] for t, g in zip(trace, grpo)]
-        added = [(t["phases"]["scoring"] + t["phases"]["predictor"]) / g["step_seconds"] for t, g in zip(trace, grpo)]
+        per_step = [t["step_seconds"] / g["step_seconds"] for t, g in zip(trace, grpo, strict=True)]
+        added = [(t["phases"]["scoring"] + t["phases"]["predictor"]) / g["step_seconds"] for t, g in zip(trace, grpo, strict=True)]
         out.update({
             "trace_over_grpo": median(per_step),
             "trace_over_grpo_per_step": per_step,
@@ -148,7 +148,7 @@ def plot(summary: dict[str, Any], out: Path) -> Path:
     for phase in PHASES:
         values = [summary["methods"][n]["seconds"][phase] or 0.0 for n in names]
         axes[0].bar(names, values, bottom=bottom, label=phase)
-        bottom = [b + v for b, v in zip(bottom, values)]
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     axes[0].set(ylabel="seconds per step (median)", title="Step wall time by phase")
     axes[0].tick_params(axis="x", rotation=30)
     axes[0].legend(fontsize=8)

@@ -197,7 +197,7 @@ def run_trl(args: argparse.Namespace, folder: Path, tasks: list[Any], prompts: l
 
     def exact_match_reward(prompts: list, completions: list, task_id: list, **_: Any) -> list[float]:
         actions = [fmt.parse(text, {}) for text in completions]  # no tools: only answers can score
-        return [exact_match(a.answer, by_id[i]) if a.kind == "answer" else 0.0 for a, i in zip(actions, task_id)]
+        return [exact_match(a.answer, by_id[i]) if a.kind == "answer" else 0.0 for a, i in zip(actions, task_id, strict=True)]
 
     rows: list[dict[str, float]] = []
 
@@ -210,8 +210,8 @@ def run_trl(args: argparse.Namespace, folder: Path, tasks: list[Any], prompts: l
             prompt_ids, completion_ids = out[0], out[1]
             self._bench = {"generation_seconds": time.perf_counter() - start,
                            "generated_tokens": sum(len(c) for c in completion_ids),
-                           "sequence_tokens": sum(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)),
-                           "forwarded_tokens": sum(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)),
+                           "sequence_tokens": sum(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids, strict=True)),
+                           "forwarded_tokens": sum(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids, strict=True)),
                            "completions": len(completion_ids)}
             return out
 
@@ -236,7 +236,7 @@ def run_trl(args: argparse.Namespace, folder: Path, tasks: list[Any], prompts: l
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     config = trl_config(args, GRPOConfig)
-    dataset = Dataset.from_list([{"prompt": text, "task_id": t.id} for text, t in zip(prompts, tasks)])
+    dataset = Dataset.from_list([{"prompt": text, "task_id": t.id} for text, t in zip(prompts, tasks, strict=True)])
     trainer = TimedGRPOTrainer(model=model, reward_funcs=exact_match_reward, args=config, train_dataset=dataset,
                                processing_class=tokenizer, callbacks=[StepClock()])
     trainer.train()

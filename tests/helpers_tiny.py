@@ -127,7 +127,7 @@ def assert_old_logprobs_recompute(model, traj, temperature: float, *, unsampled_
     ids = torch.tensor([traj.token_ids])
     with torch.no_grad():
         logp = torch.log_softmax(model(input_ids=ids).logits[0] / temperature, -1)
-    for pos, (sampled, old) in enumerate(zip(traj.sampled, traj.old_logprobs)):
+    for pos, (sampled, old) in enumerate(zip(traj.sampled, traj.old_logprobs, strict=True)):
         if sampled:
             assert old == pytest.approx(logp[pos - 1, traj.token_ids[pos]].item(), abs=1e-4)
         elif unsampled_zero:

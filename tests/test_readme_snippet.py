@@ -40,7 +40,7 @@ def test_library_snippet_runs_and_prints_its_comments() -> None:
     printed = stdout.getvalue().splitlines()
     assert printed == expected_lines(code) and len(printed) == 5
     # The property the prose states: zero on prompt and observation tokens, +-1 on the answer.
-    for adv, traj in zip(namespace["advantages"], namespace["batch"].trajectories):  # type: ignore[attr-defined]
+    for adv, traj in zip(namespace["advantages"], namespace["batch"].trajectories, strict=True):  # type: ignore[attr-defined]
         forced = [not s for s in traj.sampled]
         assert adv[forced].abs().sum() == 0 and abs(abs(float(adv[-1])) - 1.0) < 1e-6
 

@@ -104,8 +104,8 @@ def test_episode_ids_equal_the_template_rendering_of_the_whole_conversation(tok,
     # The last assistant turn ends at the sampled <|im_end|>; the template adds its "\n".
     assert list(whole) == traj.token_ids + tok.encode("\n", add_special_tokens=False)
     # (c) the sampled mask is True exactly on the tokens the policy emitted, in order
-    assert [t for t, m in zip(traj.token_ids, traj.sampled) if m] == backend.emitted
-    forced = [t for t, m in zip(traj.token_ids, traj.sampled) if not m]
+    assert [t for t, m in zip(traj.token_ids, traj.sampled, strict=True) if m] == backend.emitted
+    forced = [t for t, m in zip(traj.token_ids, traj.sampled, strict=True) if not m]
     assert forced == traj.prompt_ids + traj.turns[0].observation_ids + traj.turns[1].observation_ids
     # (d) turn 1 sampled <|im_end|>: only "\n" is forced before the tool turn; turn 2 gets both
     im_end = tok.convert_tokens_to_ids("<|im_end|>")

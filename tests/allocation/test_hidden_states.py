@@ -45,7 +45,7 @@ def test_generate_records_the_last_token_state_with_or_without_cached_prefixes(r
     other = engine.prompt_ids(w.train[1])[:-3]
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
     first = policy.generate([prompt, other], params, seeds=[1, 2])
-    for prefix, gen in zip([prompt, other], first):  # batched, left-padded rows of different lengths
+    for prefix, gen in zip([prompt, other], first, strict=True):  # batched, left-padded rows of different lengths
         assert gen.state is not None and len(gen.state) == policy.model.config.hidden_size
         assert torch.allclose(torch.tensor(gen.state), _full_forward_state(policy, prefix), atol=1e-4)
     longer = prompt + first[0].token_ids + prompt[:5]  # extends a stored row: most of it is reused
@@ -63,12 +63,12 @@ def test_prefix_states_match_generate_and_keep_their_kv(recording) -> None:
     prompts = [engine.prompt_ids(t) for t in w.train[:3]]
     states = policy.prefix_states(prompts + prompts[:1])  # a repeated prompt is computed once
     assert states is not None and states[3] == states[0]
-    for ids, state in zip(prompts, states):
+    for ids, state in zip(prompts, states[:3], strict=True):  # the repeat is checked above
         assert torch.allclose(torch.tensor(state), _full_forward_state(policy, ids), atol=1e-4)
     prefill = policy.stats["prefill_tokens"]
     gens = policy.generate(prompts, SamplingParams(max_new_tokens=2), seeds=[0, 1, 2])
     assert policy.stats["prefill_tokens"] - prefill == 3  # only each prompt's last token: the KV was kept
-    for gen, state in zip(gens, states):
+    for gen, state in zip(gens, states[:3], strict=True):
         assert torch.allclose(torch.tensor(gen.state), torch.tensor(state), atol=1e-5)
 
 
@@ -81,7 +81,7 @@ def test_tree_nodes_carry_the_state_of_their_prefix_through_the_executor(recordi
     recorded = 0
     for tree_id, mirror in copies.items():
         held = engine.tree(tree_id)
-        for node, mine in zip(held.nodes, mirror.nodes):
+        for node, mine in zip(held.nodes, mirror.nodes, strict=True):
             assert mine.hidden == node.hidden
             if node.is_leaf:
                 assert node.hidden is None  # no turn starts at a leaf

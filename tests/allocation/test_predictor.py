@@ -78,7 +78,7 @@ def test_metrics_are_scored_before_the_step_is_learned() -> None:
     metrics = pred.update(step)
     expected = sum(
         n.visits * (p - n.value_target) ** 2  # type: ignore[operator]
-        for p, n in zip(before, [n for t in step for n in t.nodes])
+        for p, n in zip(before, [n for t in step for n in t.nodes], strict=True)
     ) / sum(n.visits for t in step for n in t.nodes)
     assert metrics["brier"] == pytest.approx(expected, rel=1e-5)
 

@@ -36,6 +36,6 @@ def test_predictor_has_no_gradient_path_to_the_policy() -> None:
     grads = [p.grad.clone() for p in policy.model.parameters()]
     weights = [p.detach().clone() for p in policy.model.parameters()]
     pred.update(trees)
-    for p, g, wt in zip(policy.model.parameters(), grads, weights):
+    for p, g, wt in zip(policy.model.parameters(), grads, weights, strict=True):
         assert torch.equal(p.grad, g) and torch.equal(p.detach(), wt)
     policy.model.zero_grad(set_to_none=True)

@@ -22,7 +22,7 @@ from tracerl.train.config_io import ConfigError
 
 def best(values: list[float], budget: int, choices: list[int]) -> float:
     """Brute-force optimum of sum Vroot over count vectors drawn from ``choices`` summing to ``budget``."""
-    return max(sum(root_value(v, m) for v, m in zip(values, c))
+    return max(sum(root_value(v, m) for v, m in zip(values, c, strict=True))
                for c in itertools.product(choices, repeat=len(values)) if sum(c) == budget)
 
 
@@ -48,7 +48,7 @@ def test_floor_is_exact_and_reaches_every_prompt(setup) -> None:
     values, counts = _plan(setup, cfg, 5, 32)
     assert len(set(values)) > 1  # a trained predictor: the DP, not the uniform fallback
     assert sum(counts) == 16 and min(counts) >= 2 and all(c == 2 or c >= 4 for c in counts)
-    got = sum(root_value(v, m) for v, m in zip(values, counts))
+    got = sum(root_value(v, m) for v, m in zip(values, counts, strict=True))
     assert got == pytest.approx(best(values, 16, [2, *range(4, 17)]), abs=1e-12)
 
 
@@ -56,7 +56,7 @@ def test_coverage_decides_how_many_not_which(setup) -> None:
     cfg = SchemeConfig(group_size=8, trace_root_mode="coverage")
     values, counts = _plan(setup, cfg, 4, 24)  # stage 1: 12 rollouts over 4 prompts, each >= 2
     assert sum(counts) == 12 and min(counts) >= 2
-    got = sum(root_value(v, m) for v, m in zip(values, counts))
+    got = sum(root_value(v, m) for v, m in zip(values, counts, strict=True))
     assert got == pytest.approx(best(values, 12, list(range(2, 13))), abs=1e-12)
     cold = TraceScheme(cfg, None).plan_stage1([], setup[0].train[:4], 26)[1]  # no predictor: even spread
     assert cold == [4, 3, 3, 3]

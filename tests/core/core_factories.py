@@ -55,7 +55,7 @@ def make_traj(
         task_id=f"task-{group}",
         group_id=group,
         prompt_ids=list(PROMPT),
-        turns=[make_turn(label, n) for label, n in zip(labels, sizes)],
+        turns=[make_turn(label, n) for label, n in zip(labels, sizes, strict=True)],
         reward=reward,
         infra_failed=infra_failed,
         readiness=list(readiness) if readiness is not None else None,
@@ -76,7 +76,7 @@ def make_tree(
     tree = RolloutTree(tree_id=tree_id, task_id=f"task-{tree_id}", prompt_ids=list(PROMPT))
     failed = list(infra_failed) if infra_failed is not None else [False] * len(paths)
     trajs = []
-    for path, reward, bad in zip(paths, rewards, failed):
+    for path, reward, bad in zip(paths, rewards, failed, strict=True):
         node = 0
         for label in path:
             match = [c for c in tree.nodes[node].children if tree.nodes[c].turn.text == label]  # type: ignore[union-attr]

@@ -79,7 +79,7 @@ def slow_rloo(
 
 def slow_spread(traj: Trajectory, turn_values: Sequence[float]) -> list[float]:
     tokens = [0.0] * len(traj.prompt_ids)
-    for turn, value in zip(traj.turns, turn_values):
+    for turn, value in zip(traj.turns, turn_values, strict=True):
         tokens += [0.0 if traj.infra_failed else value] * len(turn.assistant_ids)
         tokens += [0.0] * len(turn.observation_ids)
     return tokens
@@ -160,7 +160,7 @@ def slow_tree_turn_values(
 
 def slow_tree_anchor(batch: AdvantageBatch, opts: AdvantageOptions) -> list[list[float]]:
     per_turn, _ = slow_tree_turn_values(batch, opts)
-    return [slow_spread(t, v) for t, v in zip(batch.trajectories, per_turn)]
+    return [slow_spread(t, v) for t, v in zip(batch.trajectories, per_turn, strict=True)]
 
 
 def slow_tree_grpo(batch: AdvantageBatch, opts: AdvantageOptions) -> list[list[float]]:

@@ -175,7 +175,7 @@ def test_grpo_and_rloo_hand_computed() -> None:
     trajs.append(make_traj(["ans"], 1.0, group="alone"))
     batch = AdvantageBatch(trajs)
     grpo = run("grpo", batch)
-    assert [assistant_values(t, a) for t, a in zip(trajs, grpo)] == [
+    assert [assistant_values(t, a) for t, a in zip(trajs, grpo, strict=True)] == [
         [1.0, 1.0],
         [-1.0, -1.0],
         [-1.0, -1.0],
@@ -184,7 +184,7 @@ def test_grpo_and_rloo_hand_computed() -> None:
     ]
     rloo = run("rloo", batch)
     # r_i - mean(others): 1 - 1/3 and 0 - 2/3; the singleton gets 0.
-    got = [assistant_values(t, a)[0] for t, a in zip(trajs, rloo)]
+    got = [assistant_values(t, a)[0] for t, a in zip(trajs, rloo, strict=True)]
     assert got == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0])
 
 
@@ -201,7 +201,7 @@ def test_gigpo_hand_computed() -> None:
     # Turn 0: all share the root state, R_0 = 0.5 * r: normalising a scaled copy of the
     # rewards gives the episode advantage again. Turn 1: {A, B} -> +-1, C alone -> 0.
     step1 = [1.0, -1.0, 0.0]
-    for i, (traj, adv) in enumerate(zip(trajs, out)):
+    for i, (traj, adv) in enumerate(zip(trajs, out, strict=True)):
         assert assistant_values(traj, adv) == pytest.approx([2 * episode[i], episode[i] + step1[i]])
 
 
@@ -212,7 +212,7 @@ def test_tree_anchor_hand_computed() -> None:
     out = run("tree_anchor", AdvantageBatch(trajs, {"t": tree}))
     g = [SQRT2, -1 / SQRT2, -1 / SQRT2]  # (r - 1/3) / sqrt(2/9)
     expected = [[g[0], g[0] + 1.0], [g[1], g[1] - 1.0], [g[2], g[2]]]
-    for traj, adv, exp in zip(trajs, out, expected):
+    for traj, adv, exp in zip(trajs, out, expected, strict=True):
         assert assistant_values(traj, adv) == pytest.approx(exp)
 
 
@@ -242,7 +242,7 @@ def test_tree_grpo_hand_computed() -> None:
     inter = [0.6 / sd, -0.4 / sd, -0.4 / sd, 0.6 / sd, -0.4 / sd]
     # Intra-tree: tree s1 {1, 0, 0}: mean 1/3, std sqrt(2/9); D and E are alone: 0.
     intra = [SQRT2, -1 / SQRT2, -1 / SQRT2, 0.0, 0.0]
-    for i, (traj, adv) in enumerate(zip(batch.trajectories, out)):
+    for i, (traj, adv) in enumerate(zip(batch.trajectories, out, strict=True)):
         value = inter[i] + intra[i]
         # One value on every sampled token, prefix turns included; none elsewhere.
         assert assistant_values(traj, adv) == pytest.approx([value] * len(traj.turns))
@@ -259,7 +259,7 @@ def test_tree_grpo_ignores_branch_depth_unlike_tree_anchor() -> None:
     tree, trajs = make_tree("t", paths, [1.0, 0.0, 0.0])
     out = run("tree_grpo", AdvantageBatch(trajs, {"t": tree}))
     g = [SQRT2, -1 / SQRT2, -1 / SQRT2]
-    for traj, adv, gi in zip(trajs, out, g):
+    for traj, adv, gi in zip(trajs, out, g, strict=True):
         assert assistant_values(traj, adv) == pytest.approx([2 * gi] * len(traj.turns))
 
 
@@ -400,7 +400,7 @@ def test_vectorised_estimators_equal_slow_loops(
         fast = get_estimator(name)(batch, options)
         slow = SLOW[name](batch, options)
         assert len(fast) == len(batch.trajectories)
-        for traj, f, s in zip(batch.trajectories, fast, slow):
+        for traj, f, s in zip(batch.trajectories, fast, slow, strict=True):
             assert f.dtype == torch.float32 and f.shape == (len(traj.token_ids),)
             assert torch.allclose(f, torch.tensor(s, dtype=torch.float32), atol=1e-5), name
             # Prompt and observation tokens never get an advantage; infra failures get none.
@@ -425,7 +425,7 @@ def test_one_branch_per_node_tree_equals_chain(
     ]:
         as_tree = get_estimator(tree_name)(batch, options)
         as_chain = get_estimator(chain_name)(chains, options)
-        for a, b in zip(as_tree, as_chain):
+        for a, b in zip(as_tree, as_chain, strict=True):
             assert torch.equal(a, b)
 
 
@@ -434,5 +434,5 @@ def test_root_only_branching_equals_grpo() -> None:
     tree, trajs = make_tree("t", [["s1", "ansA"], ["s2", "ansB"], ["ansC"]], [1.0, 0.0, 0.5])
     batch = AdvantageBatch(trajs, {"t": tree})
     for name in ("tree_anchor", "tree_grpo"):  # tree_grpo: each root child is a one-leaf tree
-        for a, b in zip(run(name, batch), run("grpo", batch)):
+        for a, b in zip(run(name, batch), run("grpo", batch), strict=True):
             assert torch.equal(a, b)

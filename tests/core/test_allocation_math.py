@@ -29,7 +29,7 @@ def brute_force_roots(
     feasible = [c for c in itertools.product(choices, repeat=len(probs)) if sum(c) == budget]
     if not feasible:
         return None
-    value = {c: sum(root_value(p, m) for p, m in zip(probs, c)) for c in feasible}
+    value = {c: sum(root_value(p, m) for p, m in zip(probs, c, strict=True)) for c in feasible}
     best = max(value.values())
     return best, list(max(c for c in feasible if value[c] >= best - 1e-12))
 
@@ -76,7 +76,7 @@ def test_allocate_roots_matches_brute_force(
     counts = allocate_roots(probs, budget, min_per_prompt=lo, max_per_prompt=hi)
     assert sum(counts) == budget
     assert all(c == 0 or (c >= lo and (hi is None or c <= hi)) for c in counts)
-    value = sum(root_value(p, m) for p, m in zip(probs, counts))
+    value = sum(root_value(p, m) for p, m in zip(probs, counts, strict=True))
     assert value == pytest.approx(expected[0], abs=1e-9)
     if all(0.0 < p < 1.0 for p in probs):
         # With p in {0, 1} every allocation is worth 0 and many tie; the documented
@@ -131,7 +131,7 @@ def brute_force_prefixes(qs: list[float], spend: int, cap: int) -> float:
     best = -math.inf
     for counts in itertools.product(range(cap + 1), repeat=len(qs)):
         if sum(counts) == spend:
-            best = max(best, sum(prefix_value(q, k) for q, k in zip(qs, counts)))
+            best = max(best, sum(prefix_value(q, k) for q, k in zip(qs, counts, strict=True)))
     return best
 
 
@@ -150,7 +150,7 @@ def test_allocate_prefixes_matches_brute_force(
     spend = min(budget, len(anchors) * cap)
     assert sum(counts) == spend and all(0 <= c <= cap for c in counts)
     qs = [prefix_match_probability(p, r) for p, r in anchors]
-    value = sum(prefix_value(q, k) for q, k in zip(qs, counts))
+    value = sum(prefix_value(q, k) for q, k in zip(qs, counts, strict=True))
     assert value == pytest.approx(brute_force_prefixes(qs, spend, cap), abs=1e-9)
 
 

@@ -21,7 +21,7 @@ def brute_force_floor(probs: list[float], budget: int, lo: int, hi: int | None, 
     feasible = [c for c in itertools.product(choices, repeat=len(probs)) if sum(c) == budget]
     if not feasible:
         return None
-    value = {c: sum(root_value(p, m) for p, m in zip(probs, c)) for c in feasible}
+    value = {c: sum(root_value(p, m) for p, m in zip(probs, c, strict=True)) for c in feasible}
     best = max(value.values())
     return best, list(max(c for c in feasible if value[c] >= best - 1e-12))
 
@@ -51,7 +51,7 @@ def test_floor_matches_brute_force(probs: list[float], budget: int, lo: int, flo
         return
     counts = allocate_roots(probs, budget, **kwargs)
     assert sum(counts) == budget and all(c >= floor for c in counts)
-    assert sum(root_value(p, m) for p, m in zip(probs, counts)) == pytest.approx(expected[0], abs=1e-9)
+    assert sum(root_value(p, m) for p, m in zip(probs, counts, strict=True)) == pytest.approx(expected[0], abs=1e-9)
     assert counts == expected[1]
 
 

@@ -27,7 +27,7 @@ def batch() -> AdvantageBatch:
 
 def turn_values(b: AdvantageBatch, **options: object) -> list[list[float]]:
     out = get_estimator("trace_credit")(b, AdvantageOptions(**{**PLAIN, **options}))  # type: ignore[arg-type]
-    return [[adv[s].item() for s, _ in t.turn_spans] for t, adv in zip(b.trajectories, out)]
+    return [[adv[s].item() for s, _ in t.turn_spans] for t, adv in zip(b.trajectories, out, strict=True)]
 
 
 def test_paper_form_is_unchanged() -> None:

@@ -98,7 +98,7 @@ def test_micro_batch_split_leaves_loss_unchanged(
         else []
     )
     bounds = [0, *cuts, rows]
-    chunks = [(per_token[a:b], mask[a:b]) for a, b in zip(bounds, bounds[1:])]
+    chunks = [(per_token[a:b], mask[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
     # Micro-batches are padded to their own lengths: add extra padding columns to one.
     pad = data.draw(st.integers(0, 3))
     chunks[0] = (
@@ -122,7 +122,7 @@ def _padded(
     adv = torch.zeros(len(advantages), length)
     mask = torch.zeros(len(advantages), length, dtype=torch.bool)
     old = torch.zeros(len(advantages), length)
-    for i, (traj, a) in enumerate(zip(batch.trajectories, advantages)):
+    for i, (traj, a) in enumerate(zip(batch.trajectories, advantages, strict=True)):
         adv[i, : len(a)] = a
         mask[i, : len(a)] = torch.tensor(traj.sampled)
         old[i, : len(a)] = torch.tensor(traj.old_logprobs)

@@ -38,7 +38,7 @@ def test_musique_keeps_hop_order_aliases_and_the_exact_supporting_paragraphs(tmp
     assert first.id == "2hop__108336_772156" and first.answers == ("Mantua",) and first.hops == 2
     assert first.supporting_titles == ("Allegory of Isabella d'Este's Coronation", "Lorenzo Costa the Younger")
     by_id = {d.id: d for d in docs}
-    for task, row in zip(tasks, rows):
+    for task, row in zip(tasks, rows, strict=True):
         paras = {p["idx"]: p for p in row["paragraphs"]}
         hop_order = [paras[s["paragraph_support_idx"]] for s in row["question_decomposition"]]
         assert [by_id[i].text for i in task.supporting_ids] == [p["paragraph_text"] for p in hop_order]
@@ -53,7 +53,7 @@ def test_context_formats_join_sentences_and_map_supporting_facts(tmp_path, fmt, 
     assert report.tasks == 5 and report.errors == [] and report.documents == len(docs)
     assert all(d.id.startswith(fmt) for d in docs)
     by_id = {d.id: d for d in docs}
-    for task, row in zip(tasks, rows):
+    for task, row in zip(tasks, rows, strict=True):
         assert task.id == row["_id"] and task.answers == (row["answer"],)
         context = dict((title, sents) for title, sents in row["context"])
         titles = list(dict.fromkeys(f[0] for f in row["supporting_facts"]))

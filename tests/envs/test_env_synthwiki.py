@@ -74,13 +74,13 @@ def test_sizes_and_single_word_names(default_world) -> None:
 def test_lookalike_distractors_exist(small_world) -> None:
     titles = [d.title for d in small_world.documents]
     # with distractors=1 each base name is followed by a sibling one edit away
-    close = sum(_one_edit(a, b) for a, b in zip(titles[::2], titles[1::2]))
+    close = sum(_one_edit(a, b) for a, b in zip(titles[::2], titles[1::2], strict=False))
     assert close == len(titles) // 2
 
 
 def _one_edit(a: str, b: str) -> bool:
     if len(a) == len(b):
-        return sum(x != y for x, y in zip(a, b)) == 1
+        return sum(x != y for x, y in zip(a, b, strict=True)) == 1
     return b.startswith(a) and len(b) - len(a) <= 2
 
 

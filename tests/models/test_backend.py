@@ -41,7 +41,7 @@ def test_logprobs_match_unpadded_forward(policy: HFPolicy, temperature: float, t
     params = SamplingParams(max_new_tokens=12, temperature=temperature, top_p=top_p)
     gens = policy.generate(prefixes, params, generator=torch.Generator().manual_seed(3))
     assert len(gens) == len(prefixes)
-    for prefix, gen in zip(prefixes, gens):
+    for prefix, gen in zip(prefixes, gens, strict=True):
         assert len(gen.token_ids) == len(gen.logprobs) >= 1
         expected = _recomputed(policy, prefix, gen.token_ids, temperature)
         assert gen.logprobs == pytest.approx(expected, abs=1e-4)

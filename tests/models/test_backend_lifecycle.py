@@ -78,7 +78,7 @@ def test_sync_weights_clears_the_prefix_store_and_changes_outputs(tok) -> None:
     # A state dict from another model is loaded into the policy's model.
     other = tiny_model(len(tok), seed=9)
     policy.sync_weights(other.state_dict(), 2)
-    assert all(torch.equal(a, b) for a, b in zip(policy.model.parameters(), other.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(policy.model.parameters(), other.parameters(), strict=True))
 
 
 def test_make_backend_builds_hf_and_names_the_vllm_extra(tok, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -81,7 +81,7 @@ def test_shared_prefixes_are_scored_once(sharp_model) -> None:
     prompt, turn1 = torch.randint(0, 90, (4,), generator=gen).tolist(), [10, 11, 12, 13]
     leaves = [prompt + turn1 + [20, 21, 22], prompt + turn1 + [30, 31], prompt + [40, 41, 42, 43], prompt + [50]]
     cuts = [(4, 8, 11), (4, 8, 10), (4, 8), (4,)]
-    requests = [ScoreRequest(tuple(ids), c, (5, 6), (MARK,)) for ids, c in zip(leaves, cuts)]
+    requests = [ScoreRequest(tuple(ids), c, (5, 6), (MARK,)) for ids, c in zip(leaves, cuts, strict=True)]
     seen: list[int] = []
     embed = sharp_model.get_input_embeddings()
     hook = embed.register_forward_pre_hook(lambda _, args: seen.extend(args[0].flatten().tolist()))
@@ -108,7 +108,7 @@ def test_prefix_sequences_fold_into_longer_rows(sharp_model) -> None:
     stats = ScoreStats()
     got = score_prefixes_batched(sharp_model, requests, stats=stats)
     assert stats.rows == 1 and stats.prefill_tokens == 20  # one row, no second prefill of long[:12]
-    for req, scores in zip(requests, got):
+    for req, scores in zip(requests, got, strict=True):
         torch.testing.assert_close(scores.double(), _expected(sharp_model, req), atol=1e-4, rtol=0)
 
 
@@ -119,11 +119,11 @@ def test_full_logit_head_and_fallback_give_the_same_values(sharp_model, monkeypa
     base = score_prefixes_batched(sharp_model, requests)
     monkeypatch.setattr(sharp_model.config, "logit_scale", 2.0, raising=False)  # no split head: full logits
     assert batched_scoring._split_head(sharp_model) is None
-    for a, b in zip(base, score_prefixes_batched(sharp_model, requests)):
+    for a, b in zip(base, score_prefixes_batched(sharp_model, requests), strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
     monkeypatch.setattr(batched_scoring, "MASKABLE_ATTENTION", ("eager",))  # as if sdpa ignored 4D masks
     stats = ScoreStats()
-    for a, b in zip(base, score_prefixes_batched(sharp_model, requests, stats=stats)):
+    for a, b in zip(base, score_prefixes_batched(sharp_model, requests, stats=stats), strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
     assert stats.forwards == 0 and stats.rows == len(requests)  # per-request path
 
@@ -213,7 +213,7 @@ def test_eager_attention_takes_the_same_masks(exact_model) -> None:
                 ScoreRequest(trunk[:8] + (30, 31), (8, 10), (5,), ()),
                 ScoreRequest((40, 41, 42), (1, 3), (7, 8, 9), (MARK,))]
     stats = ScoreStats()
-    for req, scores in zip(requests, score_prefixes_batched(eager, requests, stats=stats)):
+    for req, scores in zip(requests, score_prefixes_batched(eager, requests, stats=stats), strict=True):
         torch.testing.assert_close(scores.double(), _expected(exact_model, req), atol=1e-5, rtol=0)
     assert stats.rows == 2  # the two trunk sequences share a trie row; the third is alone
 

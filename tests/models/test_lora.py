@@ -43,7 +43,7 @@ def _on_policy(model, traj: Trajectory) -> torch.Tensor:
     ids = torch.tensor([traj.token_ids])
     with torch.no_grad():
         logprobs = token_logprobs(model, ids, torch.ones_like(ids), 1.0)[0].tolist()
-    for turn, (start, end) in zip(traj.turns, traj.turn_spans):
+    for turn, (start, end) in zip(traj.turns, traj.turn_spans, strict=True):
         turn.logprobs = logprobs[start:end]
     return torch.tensor(traj.sampled, dtype=torch.float32)
 
@@ -112,7 +112,7 @@ def test_adapter_checkpoint_round_trip(tmp_path: Path) -> None:
     fresh = apply_lora(copy.deepcopy(base), r=4, alpha=8.0, dropout=0.0, target_modules=TARGETS)
     assert is_peft_model(fresh) and not is_peft_model(base)
     load_policy_state(fresh, tmp_path)
-    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
 
 

@@ -63,7 +63,7 @@ def test_load_policy_state_restores_saved_weights_in_place(tmp_path: Path) -> No
     saved, other = tiny_model(len(tok), seed=1), tiny_model(len(tok), seed=2)
     saved.save_pretrained(tmp_path)
     load_policy_state(other, tmp_path)
-    for (name, a), b in zip(saved.state_dict().items(), other.state_dict().values()):
+    for (name, a), b in zip(saved.state_dict().items(), other.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert all(p.dtype == torch.float32 for p in other.parameters())
     with pytest.raises(RuntimeError, match="does not match the model: unexpected"):

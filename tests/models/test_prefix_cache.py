@@ -85,7 +85,7 @@ def test_next_turn_prefills_only_new_tokens_and_stays_exact(policy: HFPolicy) ->
     turn2 = policy.generate(second + [new_prompt], params, generator=gen)
     computed = policy.stats["prefill_tokens"] - before["prefill_tokens"]
     assert computed == 2 * (len(obs) + 1) + len(new_prompt)  # last sampled token + observation
-    for prefix, g in zip(second + [new_prompt], turn2):
+    for prefix, g in zip(second + [new_prompt], turn2, strict=True):
         _check_logprobs(policy, prefix, g)
 
 

@@ -26,7 +26,7 @@ def test_demonstration_searches_the_chain_then_answers_gold(world_tools: WorldTo
         pieces = demonstrate(task, world_tools, fmt)
         actions = [text for text, is_assistant in pieces if is_assistant]
         assert len(actions) == task.hops + 1  # one search per hop, then the answer
-        for title, action in zip(task.supporting_titles, actions):
+        for title, action in zip(task.supporting_titles, actions[:-1], strict=True):  # then the answer
             assert f"search[{title}]" in action
         answer = actions[-1].split("answer[", 1)[1].split("]", 1)[0]
         assert exact_match(answer, task) == 1.0

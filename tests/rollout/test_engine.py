@@ -47,7 +47,7 @@ def test_random_model_end_to_end(policy, env, world, tok) -> None:
     assert [len(t.leaves()) for t in trees] == [3, 2]
     assert cost.rollouts == 5
     assert cost.generated_tokens == sum(_new_assistant_tokens(t, 1) for t in trees)
-    for tree, task in zip(trees, tasks):
+    for tree, task in zip(trees, tasks, strict=True):
         assert tree.prompt_ids == tok.encode(FMT.render_prompt(task, env.tools))
         for leaf, traj in tree.trajectories.items():
             assert traj.group_id == tree.tree_id and traj.node_path == tree.path(leaf)
@@ -149,7 +149,7 @@ def test_scripted_answers_get_verifier_rewards(env, world, tok) -> None:
     right = ScriptedPolicy(tok, _oracle(world))
     trees, cost = _engine(right, env).rollout(tasks, [2, 2, 2])
     assert right.calls == [6, 6]  # every live episode advances in one batched call per turn
-    for tree, task in zip(trees, tasks):
+    for tree, task in zip(trees, tasks, strict=True):
         for traj in tree.trajectories.values():
             assert traj.reward == 1.0 and traj.answer == task.gold
             assert [t.action.kind for t in traj.turns] == ["tool", "answer"]
@@ -173,7 +173,7 @@ def test_masks_cover_assistant_and_observation_text(env, world, tok) -> None:
     assert [t.action.kind for t in traj.turns] == ["invalid", "tool", "answer"]
     assert traj.turns[0].tool_error and not traj.turns[1].tool_error
     pieces: list[tuple[bool, str]] = []
-    for sampled, token in zip(traj.sampled, traj.token_ids):
+    for sampled, token in zip(traj.sampled, traj.token_ids, strict=True):
         if pieces and pieces[-1][0] == sampled:
             pieces[-1] = (sampled, pieces[-1][1] + tok.decode([token]))
         else:

@@ -85,7 +85,7 @@ def test_driver_copies_equal_the_executor_trees_and_expand_by_id_after_a_rebuild
     for text in wire:
         apply_delta(rebuilt, from_json(TreeDelta, text))
     history = json.dumps([[(n.parent, dataclasses.asdict(n.turn)) for n in t.nodes[1:]] for t in trees])
-    for tree, nodes in zip(trees, json.loads(history)):
+    for tree, nodes in zip(trees, json.loads(history), strict=True):
         for parent, turn in nodes:
             apply_delta(rebuilt, TreeDelta(tree.tree_id, tree.task_id, len(rebuilt[tree.tree_id].nodes),
                                            [NodeRecord(parent, turn)]))

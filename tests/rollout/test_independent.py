@@ -102,7 +102,7 @@ def test_independent_trees_equal_lockstep_trees(env, world, tok) -> None:
     ind, ind_lp = _start_and_branch(engine, world.train[:3])
     assert ind == lock
     assert len(ind_lp) == len(lock_lp) > 0
-    assert max(abs(a - b) for a, b in zip(ind_lp, lock_lp)) < 1e-5
+    assert max(abs(a - b) for a, b in zip(ind_lp, lock_lp, strict=True)) < 1e-5
     assert engine.schedule.requests == engine.schedule.engine_steps == sum(rows)  # one request per lockstep row
     assert engine.schedule.mixed_turn_steps > 0  # episodes at different turns were in flight together
     # the lockstep setting keeps a streaming backend in batched turns

@@ -143,7 +143,7 @@ def test_trace_stages_follow_the_allocation_math(setup) -> None:
             leaf = tree.nodes[leaf].children[0]
         rewards.append(tree.nodes[leaf].reward)
     ks = allocate_prefixes(probs, rewards, BUDGET - BUDGET // 2, max_per_anchor=2)
-    expected = [(t.tree_id, nid, k) for (t, nid), k in zip(anchors, ks) if k]
+    expected = [(t.tree_id, nid, k) for (t, nid), k in zip(anchors, ks, strict=True) if k]
     stage2 = [e for e in result.expansions if e[1] != 0]
     assert sorted(stage2) == sorted(expected)
     assert result.cost.rollouts == BUDGET

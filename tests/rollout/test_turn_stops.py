@@ -116,7 +116,7 @@ def test_react_turn_ends_at_the_action_bracket_not_the_thought(env, world, tok) 
     assert traj.token_ids == traj.prompt_ids + first.assistant_ids + first.observation_ids + answer.assistant_ids
     assert traj.sampled == ([False] * len(traj.prompt_ids) + [True] * len(first.assistant_ids)
                             + [False] * len(first.observation_ids) + [True] * len(answer.assistant_ids))
-    sampled_lps = [lp for lp, s in zip(traj.old_logprobs, traj.sampled) if s]
+    sampled_lps = [lp for lp, s in zip(traj.old_logprobs, traj.sampled, strict=True) if s]
     assert sampled_lps == first.logprobs + answer.logprobs
     assert cost.generated_tokens == len(first.assistant_ids) + len(answer.assistant_ids)
 

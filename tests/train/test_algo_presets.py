@@ -86,7 +86,7 @@ def _trajectory(model: torch.nn.Module, seed: int, turns: int) -> Trajectory:
     traj = Trajectory(task_id=str(seed), group_id="g", prompt_ids=ids(5), turns=made)
     tokens = torch.tensor([traj.token_ids])
     logprobs = token_logprobs(model, tokens, torch.ones_like(tokens), 1.0)[0].tolist()
-    for turn, (start, end) in zip(traj.turns, traj.turn_spans):
+    for turn, (start, end) in zip(traj.turns, traj.turn_spans, strict=True):
         turn.logprobs = logprobs[start:end]  # on-policy: the sampler's log-probs are the model's
     return traj
 
@@ -100,7 +100,7 @@ def test_gspo_update_on_policy_loss_is_minus_the_mean_sequence_advantage() -> No
     model = _model()
     trajs = [_trajectory(model, seed, turns=1 + seed % 3) for seed in range(5)]
     seq_adv = [1.5, -0.5, 0.0, 2.0, -1.0]  # row 2 carries no signal (not run, still a sequence)
-    advs = [torch.tensor(t.sampled, dtype=torch.float32) * a for t, a in zip(trajs, seq_adv)]
+    advs = [torch.tensor(t.sampled, dtype=torch.float32) * a for t, a in zip(trajs, seq_adv, strict=True)]
     results = []
     for micro in (5, 1):
         stepped = copy.deepcopy(model)
@@ -110,7 +110,7 @@ def test_gspo_update_on_policy_loss_is_minus_the_mean_sequence_advantage() -> No
         assert metrics["loss"] == pytest.approx(-sum(seq_adv) / 5, abs=1e-6)
         assert metrics["clip_fraction"] == 0.0
         results.append(stepped)
-    for a, b in zip(results[0].parameters(), results[1].parameters()):
+    for a, b in zip(results[0].parameters(), results[1].parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)  # micro-batching leaves the step unchanged
     # A second update on the same (now stale) rollouts: the sequence ratios left GSPO's tiny clip
     # range, and each clipped sequence counts all its tokens.
@@ -133,7 +133,7 @@ def test_gspo_preset_trains_two_steps(tmp_path: Path) -> None:
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2] and all(math.isfinite(r["loss"]) for r in records)
     assert trainer.update_settings.policy_loss == "gspo"
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
 
 
 def _grpo(rewards: list[float]) -> list[float]:

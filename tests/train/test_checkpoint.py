@@ -37,7 +37,7 @@ def test_checkpoint_round_trip_and_pointer(tmp_path: Path, model_and_tokenizer: 
     assert latest_checkpoint(tmp_path) == folder
     assert (tmp_path / LATEST).read_text() == "ckpt-000002"
     reloaded = AutoModelForCausalLM.from_pretrained(folder / "policy")
-    for (name, a), (_, b) in zip(model.state_dict().items(), reloaded.state_dict().items()):
+    for (name, a), (_, b) in zip(model.state_dict().items(), reloaded.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     assert AutoTokenizer.from_pretrained(folder / "policy")("Velmora")["input_ids"] == tokenizer("Velmora")["input_ids"]
     expected = torch.rand(3, generator=generator)

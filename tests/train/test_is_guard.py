@@ -65,9 +65,9 @@ def test_recomputed_logprobs_and_the_mismatch_are_hand_checkable() -> None:
     fixed, metrics = with_trainer_logprobs(model, [a, b], settings, pad_id=0)
     assert metrics["logprob_mismatch_max"] == pytest.approx(2.0, abs=1e-5)
     assert metrics["logprob_mismatch_mean_abs"] == pytest.approx((3 * 0.5 + 2 * 0.25 + 2.0) / 6, abs=1e-5)
-    for traj, row in zip(fixed, truth):
-        sampled = [lp for lp, m in zip(traj.old_logprobs, traj.sampled) if m]
-        assert sampled == pytest.approx([lp for lp, m in zip(row, traj.sampled) if m], abs=1e-6)
+    for traj, row in zip(fixed, truth, strict=True):
+        sampled = [lp for lp, m in zip(traj.old_logprobs, traj.sampled, strict=True) if m]
+        assert sampled == pytest.approx([lp for lp, m in zip(row, traj.sampled, strict=True) if m], abs=1e-6)
     assert a.turns[0].logprobs[0] == pytest.approx(truth[0][2] + 0.5)  # the inputs are not modified
 
 

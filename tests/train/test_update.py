@@ -40,7 +40,7 @@ def _stepped(model: torch.nn.Module, trajs: list[Trajectory], advs: list[torch.T
 def _with_old_logprobs(model: torch.nn.Module, traj: Trajectory) -> None:
     ids = torch.tensor([traj.token_ids])
     logprobs = token_logprobs(model, ids, torch.ones_like(ids), 1.0)[0].tolist()
-    for turn, (start, end) in zip(traj.turns, traj.turn_spans):
+    for turn, (start, end) in zip(traj.turns, traj.turn_spans, strict=True):
         turn.logprobs = logprobs[start:end]
 
 
@@ -55,9 +55,9 @@ def test_micro_batches_and_skipped_zero_rows_give_the_same_step() -> None:
         advs.append(mask * (0.0 if i in (1, 4) else (i - 2.5)))  # two rows carry no signal
     whole = _stepped(model, trajs, advs, micro=6)
     split = _stepped(model, trajs, advs, micro=1)
-    for (name, a), (_, b) in zip(whole.named_parameters(), split.named_parameters()):
+    for (name, a), (_, b) in zip(whole.named_parameters(), split.named_parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6), name
-    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), whole.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), whole.parameters(), strict=True))
 
 
 def test_observation_tokens_get_no_gradient_signal() -> None:
@@ -70,5 +70,5 @@ def test_observation_tokens_get_no_gradient_signal() -> None:
     noisy = base + (1 - sampled) * 100.0
     a = _stepped(model, [traj], [base], micro=1)
     b = _stepped(model, [traj], [noisy], micro=1)
-    for p, q in zip(a.parameters(), b.parameters()):
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(p, q)

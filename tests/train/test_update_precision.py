@@ -52,7 +52,7 @@ def _batch(model: torch.nn.Module, n: int = 4) -> tuple[list[Trajectory], list[t
         ids = torch.tensor([traj.token_ids])
         with torch.no_grad():
             logprobs = token_logprobs(model, ids, torch.ones_like(ids), 1.0)[0].tolist()
-        for turn, (start, end) in zip(traj.turns, traj.turn_spans):
+        for turn, (start, end) in zip(traj.turns, traj.turn_spans, strict=True):
             turn.logprobs = logprobs[start:end]
     advs = [torch.tensor(t.sampled, dtype=torch.float32) * (1.0 if i % 2 else -1.0) for i, t in enumerate(trajs)]
     return trajs, advs
@@ -93,7 +93,7 @@ def test_bf16_compute_with_fp32_master_weights_applies_a_1e_6_step() -> None:
     naive_before = [p.detach().clone() for p in naive.parameters()]
     naive_opt = torch.optim.AdamW(naive.parameters(), lr=1e-6, weight_decay=0.0)
     policy_update(naive, naive_opt, trajs, advs, _settings(), pad_id=0)
-    naive_changed = sum(int((p != q).sum()) for p, q in zip(naive.parameters(), naive_before))
+    naive_changed = sum(int((p != q).sum()) for p, q in zip(naive.parameters(), naive_before, strict=True))
     assert naive_changed < 0.05 * total
 
 
@@ -132,7 +132,7 @@ def test_chunked_logprobs_equal_the_full_vocabulary_computation(temperature: flo
     chunk_value, chunk_grads = value_and_grads(
         lambda: token_logprobs(model, batch.input_ids, batch.attention_mask, temperature, chunk=7))
     assert torch.allclose(chunk_value, full_value, atol=1e-5)
-    for a, b in zip(chunk_grads, full_grads):
+    for a, b in zip(chunk_grads, full_grads, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
 
 
@@ -148,7 +148,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients() -> None:
     assert any(getattr(m, "gradient_checkpointing", False) for m in ckpt.modules())
     assert not any(getattr(m, "gradient_checkpointing", False) for m in plain.modules())
     assert math.isclose(results[0][0], results[1][0], rel_tol=1e-6)
-    for a, b in zip(results[0][1], results[1][1]):
+    for a, b in zip(results[0][1], results[1][1], strict=True):
         assert torch.allclose(a, b, atol=1e-6)
 
 
@@ -162,7 +162,7 @@ def test_a_nonfinite_step_is_skipped_and_reported() -> None:
     metrics = policy_update(model, optimizer, trajs, advs, _settings(), pad_id=0)
     assert metrics["nonfinite_skipped"] == 1.0
     assert not math.isfinite(metrics["loss"]) or not math.isfinite(metrics["grad_norm"])
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
     assert all(p.grad is None for p in model.parameters())
     assert not optimizer.state  # AdamW never stepped, so its moments were not polluted
 
@@ -212,7 +212,7 @@ def test_a_step_where_no_row_carries_signal_runs_nothing() -> None:
     metrics = policy_update(model, torch.optim.AdamW(model.parameters(), lr=1.0), trajs, zero, _settings(), 0)
     assert metrics == {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0,
                        "nonfinite_skipped": 0.0}
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -233,7 +233,7 @@ def test_update_on_cuda_with_low_precision_compute_and_a_kl_reference(dtype: str
             break
     assert metrics["nonfinite_skipped"] == 0.0 and math.isfinite(metrics["kl"])
     assert {p.dtype for p in model.parameters()} == {torch.float32}
-    assert sum(int((p != q).sum()) for p, q in zip(model.parameters(), before)) > 0
+    assert sum(int((p != q).sum()) for p, q in zip(model.parameters(), before, strict=True)) > 0
 
 
 def test_a_loss_scale_overflow_is_the_scalers_skip_not_a_nonfinite_step() -> None:
@@ -247,5 +247,5 @@ def test_a_loss_scale_overflow_is_the_scalers_skip_not_a_nonfinite_step() -> Non
     metrics = policy_update(model, optimizer, trajs, advs, _settings(), pad_id=0, scaler=scaler)
     assert math.isfinite(metrics["loss"]) and not math.isfinite(metrics["grad_norm"])
     assert metrics["scaler_skipped"] == 1.0 and metrics["nonfinite_skipped"] == 0.0
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
     assert scaler.get_scale() < 2.0**127  # the scaler backed off

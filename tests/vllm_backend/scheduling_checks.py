@@ -113,7 +113,7 @@ def scheduling_facts(policy: Any, tok: Any, make_model: Any) -> dict:
     tasks = world.train[:4]
     lock = _run(policy, env, tasks, "lockstep", config)
     ind = _run(policy, env, tasks, "independent", config)
-    pairs = list(zip(lock["logprobs"], ind["logprobs"]))
+    pairs = list(zip(lock["logprobs"], ind["logprobs"], strict=True))
     return {
         "abort": _abort_check(policy, tok),
         "structure_equal": lock["structure"] == ind["structure"],
@@ -154,7 +154,7 @@ def _differences(a: Any, b: Any, path: str = "") -> list[str]:
     elif isinstance(a, list):
         if len(a) != len(b):
             return [f"{path} (length {len(a)} vs {len(b)})"]
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             out += _differences(x, y, f"{path}/{i}")
     return out[:10]
 

@@ -108,8 +108,8 @@ def main() -> None:
     for temperature in (1.0, 0.7, 0.0):
         rows = policy.generate([prefix, long_prefix], SamplingParams(max_new_tokens=16, temperature=temperature),
                                seeds=[11, 12])
-        diffs[str(temperature)] = max(abs(a - b) for p, g in zip([prefix, long_prefix], rows)
-                                      for a, b in zip(g.logprobs, hf_logprobs(model_a, p, g.token_ids, temperature)))
+        diffs[str(temperature)] = max(abs(a - b) for p, g in zip([prefix, long_prefix], rows, strict=True)
+                                      for a, b in zip(g.logprobs, hf_logprobs(model_a, p, g.token_ids, temperature), strict=True))
     out["logprob_max_abs_diff"] = diffs
 
     # stop strings: rows end on the token completing the string, which is kept
@@ -134,9 +134,9 @@ def main() -> None:
     hf_b = HFPolicy(model_b, tok, prefix_cache_bytes=0).generate([prefix, long_prefix], greedy)
     out["greedy_matches_hf_after"] = [g.token_ids for g in v_b] == [g.token_ids for g in hf_b]
     # (greedy ids of a random tied model often just repeat the last token, so compare log-probs)
-    out["sync_logprob_change"] = max(abs(x - y) for ga, gb in zip(v_a, v_b) for x, y in zip(ga.logprobs, gb.logprobs))
-    out["after_sync_vs_hf_b"] = max(abs(a - b) for p, g in zip([prefix, long_prefix], v_b)
-                                    for a, b in zip(g.logprobs, hf_logprobs(model_b, p, g.token_ids, 0.0)))
+    out["sync_logprob_change"] = max(abs(x - y) for ga, gb in zip(v_a, v_b, strict=True) for x, y in zip(ga.logprobs, gb.logprobs, strict=True))
+    out["after_sync_vs_hf_b"] = max(abs(a - b) for p, g in zip([prefix, long_prefix], v_b, strict=True)
+                                    for a, b in zip(g.logprobs, hf_logprobs(model_b, p, g.token_ids, 0.0), strict=True))
     out["version"] = policy.version
 
     # reference readiness through prompt_logprobs vs the HF batched scorer (weights of model_b)
@@ -150,7 +150,7 @@ def main() -> None:
     out["readiness_vllm_s"] = round(time.perf_counter() - start, 3)
     hf_scores = score_prefixes_batched(model_b, requests)
     out["readiness_shapes_ok"] = [len(v) for v in v_scores] == [len(r.cut_points) for r in requests]
-    out["readiness_max_abs_diff"] = max((v - h).abs().max().item() for v, h in zip(v_scores, hf_scores))
+    out["readiness_max_abs_diff"] = max((v - h).abs().max().item() for v, h in zip(v_scores, hf_scores, strict=True))
     out["readiness_mean_abs"] = torch.cat(hf_scores).abs().mean().item()
 
     # EOS: a row that ends on EOS keeps it (and its log-prob)

@@ -56,7 +56,7 @@ def main(run_dir: Path) -> None:
         out["vllm_calls"] = len(calls)
         out["engine_version"] = vllm_scorer.policy.version  # never synced: still the initial weights
         out["policy_moved"] = any(not torch.equal(a, b) for a, b in
-                                  zip(trainer.model.parameters(), trainer.reference.model.parameters()))
+                                  zip(trainer.model.parameters(), trainer.reference.model.parameters(), strict=True))
         # the HF scorer on copies of the same trajectories (no tree: every cut is scored afresh)
         pairs = [((tree.tree_id, leaf), traj) for tree in trees.values()
                  for leaf, traj in tree.trajectories.items() if traj.readiness is not None]
@@ -66,14 +66,14 @@ def main(run_dir: Path) -> None:
             c.readiness = None
             copies.append(c)
         score_readiness(trainer.reference.model, copies, trainer.tasks, trainer.reference._answer_ids)
-        hf = {key: c.readiness for (key, _), c in zip(pairs, copies)}
-        in_memory = [abs(a - b) for (key, traj) in pairs for a, b in zip(traj.readiness, hf[key])]
+        hf = {key: c.readiness for (key, _), c in zip(pairs, copies, strict=True)}
+        in_memory = [abs(a - b) for (key, traj) in pairs for a, b in zip(traj.readiness, hf[key], strict=True)]
         written = []
         for step in (1, 2):
             for rec in read_step(run_dir, step):
                 for t in rec["trajectories"]:
                     if t["readiness"] is not None:
-                        written += [abs(a - b) for a, b in zip(t["readiness"], hf[(rec["tree_id"], t["leaf"])])]
+                        written += [abs(a - b) for a, b in zip(t["readiness"], hf[(rec["tree_id"], t["leaf"])], strict=True)]
         out["scored_values"] = len(in_memory)
         out["written_values"] = len(written)
         out["max_abs_diff"] = max(in_memory)

@@ -194,18 +194,18 @@ class SuccessPredictor:
         the handcrafted features and/or ``[present, state]`` (:func:`state_features`)."""
         if len(trees) != len(node_ids):
             raise ValueError(f"trees ({len(trees)}) and node_ids ({len(node_ids)}) must have equal length")
-        for tree, nid in zip(trees, node_ids):
+        for tree, nid in zip(trees, node_ids, strict=True):
             if not 0 <= nid < len(tree.nodes):
                 raise ValueError(f"tree {tree.tree_id!r} has no node {nid} ({len(tree.nodes)} nodes)")
         cfg = self.config
         rows: list[list[float]] = [[] for _ in node_ids]
         if cfg.uses_handcrafted:
             cache: dict[int, list[Any]] = {}
-            for row, tree, nid in zip(rows, trees, node_ids):
+            for row, tree, nid in zip(rows, trees, node_ids, strict=True):
                 stats = cache.setdefault(id(tree), path_stats(tree))
                 row += node_features(tree, nid, stats, self._prompts.get(tree.task_id), cfg.readiness_eps)
         if cfg.uses_hidden:
-            states = [node_state(tree, nid) for tree, nid in zip(trees, node_ids)]
+            states = [node_state(tree, nid) for tree, nid in zip(trees, node_ids, strict=True)]
             if self.state_dim is None:
                 self.state_dim = next((len(s) for s in states if s is not None), None)
             if self.state_dim is None:
@@ -213,7 +213,7 @@ class SuccessPredictor:
                     f"predictor.features = {cfg.features!r} needs the policy's hidden states, but none of "
                     f"these {len(states)} nodes has one (they are recorded by the HF backend with "
                     "HFPolicy.record_states = True; vLLM does not return hidden states)")
-            for row, state in zip(rows, states):
+            for row, state in zip(rows, states, strict=True):
                 row += state_features(state, self.state_dim)
         return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), self.in_dim or 0)
 
@@ -246,9 +246,9 @@ class SuccessPredictor:
                              f"({'-' if states is None else len(states)}) must have equal length")
         trees = [
             RolloutTree(tree_id=f"root:{i}", task_id=t, prompt_ids=list(ids))
-            for i, (t, ids) in enumerate(zip(task_ids, prompt_ids))
+            for i, (t, ids) in enumerate(zip(task_ids, prompt_ids, strict=True))
         ]
-        for tree, state in zip(trees, states if states is not None else [None] * len(trees)):
+        for tree, state in zip(trees, states if states is not None else [None] * len(trees), strict=True):
             tree.root.hidden = list(state) if state is not None else None
         return self.predict_nodes(trees, [0] * len(trees))
 

@@ -150,7 +150,7 @@ class TraceScheme:
         rest = [i for i in range(len(cands)) if i not in set(explored)]
         left = stage1 - group * len(explored)
         if rest and (left >= self.config.min_per_prompt or self.config.trace_floor_per_prompt > 0):
-            for i, c in zip(rest, self._root_counts([values[i] for i in rest], left)):
+            for i, c in zip(rest, self._root_counts([values[i] for i in rest], left), strict=True):
                 counts[i] = c
         return values, counts
 
@@ -199,7 +199,7 @@ class TraceScheme:
         else:
             probs = self._node_values([trees[t] for t, _, _ in anchors], [nid for _, nid, _ in anchors])
             ks = allocate_prefixes(probs, [r for _, _, r in anchors], spend, max_per_anchor=cap)
-        plan = {(t, nid): k for (t, nid, _), k in zip(anchors, ks) if k > 0}
+        plan = {(t, nid): k for (t, nid, _), k in zip(anchors, ks, strict=True) if k > 0}
         return plan_requests(plan, trees), len(anchors)
 
     def _stage1_budget(self, budget: int, candidates: int) -> int:
@@ -301,7 +301,7 @@ def _root_topup(trees: Sequence[RolloutTree], values: Sequence[float], left: int
     sizes = [len(tree.leaves()) for tree in trees]
     plan: dict[tuple[int, int], int] = {}
     for _ in range(left if trees else 0):
-        gains = [root_value(v, m + 1) - root_value(v, m) for v, m in zip(values, sizes)]
+        gains = [root_value(v, m + 1) - root_value(v, m) for v, m in zip(values, sizes, strict=True)]
         best = max(range(len(gains)), key=lambda i: (gains[i], -i))
         sizes[best] += 1
         plan[(best, 0)] = plan.get((best, 0), 0) + 1

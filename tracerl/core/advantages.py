@@ -269,7 +269,7 @@ def _spread(traj: Trajectory, turn_values: Tensor) -> Tensor:
         return out
     # Slice fills, not repeat_interleave: the latter goes multi-threaded on tiny inputs
     # and stalls for milliseconds on a busy CPU.
-    for (start, end), value in zip(traj.turn_spans, turn_values.tolist()):
+    for (start, end), value in zip(traj.turn_spans, turn_values.tolist(), strict=True):
         out[start:end] = value
     return out
 

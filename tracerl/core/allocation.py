@@ -106,7 +106,7 @@ def allocate_roots(
     best = np.full((n + 1, budget + 1), -np.inf)
     best[n, 0] = 0.0
     for i in range(n - 1, -1, -1):
-        for m, gain in zip(options, gains[i]):
+        for m, gain in zip(options, gains[i], strict=True):
             cand = best[i + 1, : budget + 1 - m] + gain
             np.maximum(best[i, m:], cand, out=best[i, m:])
     if not np.isfinite(best[0, budget]):
@@ -116,7 +116,7 @@ def allocate_roots(
         )
     counts, left = [], budget
     for i in range(n):
-        for m, gain in zip(options, gains[i]):
+        for m, gain in zip(options, gains[i], strict=True):
             if m > left or not np.isfinite(best[i + 1, left - m]):
                 continue
             if gain + best[i + 1, left - m] >= best[i, left] - TIE_TOLERANCE:
@@ -166,7 +166,7 @@ def allocate_prefixes(
             raise ValueError(f"observed_rewards[{i}] = {r!r} is not a reward in [0, 1]")
     budget = _check_count("budget", budget, 0)
     cap = _check_count("max_per_anchor", max_per_anchor, 1)
-    qs = [prefix_match_probability(p, r) for p, r in zip(probs, rewards)]
+    qs = [prefix_match_probability(p, r) for p, r in zip(probs, rewards, strict=True)]
     # All (anchor, k) slots sorted by gain, then anchor, then k: gains fall with k, so the
     # top slots form a prefix 1..k_a per anchor, which is exactly the greedy allocation.
     slots = sorted(

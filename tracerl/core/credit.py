@@ -30,6 +30,7 @@ broken, and clamping would hide that inside a plausible-looking credit.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -242,7 +243,7 @@ paper's: the fill adds ``kappa g^(T-k) A_out`` on top of ``w_out A_out``) or ``o
 
 
 def centre_turn_terms(
-    terms: list[Tensor], groups: list[object], mixed: list[bool], mode: str = "gated"
+    terms: Sequence[Tensor], groups: Sequence[object], mixed: Sequence[bool], mode: str = "gated"
 ) -> list[Tensor]:
     """Turn terms (one ``[T_i]`` tensor per trajectory) centred within their group.
 
@@ -265,13 +266,13 @@ def centre_turn_terms(
     if mode == "none":
         return out
     sums: dict[object, list[float]] = {}
-    for t, g, m in zip(out, groups, mixed):
+    for t, g, m in zip(out, groups, mixed, strict=True):
         if m:
             for k, value in enumerate(t.tolist()):
                 acc = sums.setdefault((g, k) if mode == "gated_turn" else g, [0.0, 0.0])
                 acc[0] += value
                 acc[1] += 1.0
-    for t, g, m in zip(out, groups, mixed):
+    for t, g, m in zip(out, groups, mixed, strict=True):
         if not m:
             t.zero_()
             continue

@@ -201,7 +201,8 @@ def task_record(task: Task) -> dict[str, Any]:
 
 def task_from_record(data: Mapping[str, Any]) -> Task:
     """The inverse of :func:`task_record` (lists back to the tuples ``Task`` holds)."""
-    return Task(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    return Task(**fields)
 
 
 def turn_from_record(data: Mapping[str, Any]) -> Turn:
@@ -281,6 +282,6 @@ def apply_scores(trees: Sequence[RolloutTree], result: ScoreResult) -> None:
         for leaf, values in result.trajectories.get(tree.tree_id, {}).items():
             tree.trajectories[int(leaf)].readiness = list(values)
         for traj in tree.trajectories.values():
-            values = [tree.nodes[n].readiness for n in boundary_nodes(traj)]
-            if traj.readiness is None and not traj.infra_failed and None not in values:
-                traj.readiness = values  # type: ignore[assignment]
+            found = [tree.nodes[n].readiness for n in boundary_nodes(traj)]
+            if traj.readiness is None and not traj.infra_failed and None not in found:
+                traj.readiness = [float(v) for v in found if v is not None]

@@ -88,7 +88,7 @@ def tree_anchor(batch: AdvantageBatch, options: AdvantageOptions) -> list[Tensor
     """The TRACE spec's tree-aware advantage (section 3): group advantage plus the GRPO contrast
     under the nearest branching anchor above each turn; equals ``grpo`` on chains."""
     per_turn, _ = tree_outcome_turn_advantages(batch, options)
-    return [_spread(t, v) for t, v in zip(batch.trajectories, per_turn)]
+    return [_spread(t, v) for t, v in zip(batch.trajectories, per_turn, strict=True)]
 
 
 def search_tree_keys(batch: AdvantageBatch) -> list[Hashable]:
@@ -176,7 +176,7 @@ def _group_mixed(batch: AdvantageBatch, group_adv: Tensor) -> list[bool]:
     """Per trajectory: its group's outcome advantage is nonzero somewhere (rewards differ by at
     least the std ``eps``), i.e. the group is not all-same; infra-failed rows are never mixed."""
     signal: dict[str, bool] = {}
-    for t, a in zip(batch.trajectories, group_adv.tolist()):
+    for t, a in zip(batch.trajectories, group_adv.tolist(), strict=True):
         signal[t.group_id] = signal.get(t.group_id, False) or (not t.infra_failed and a != 0.0)
     return [signal[t.group_id] and not t.infra_failed for t in batch.trajectories]
 
@@ -199,11 +199,11 @@ def trace_credit_parts(batch: AdvantageBatch, options: AdvantageOptions) -> Cred
         raw.append(term)
         transitions.append(transition)
     mixed = _group_mixed(batch, group_adv)
-    dense = [r[m] for r, m in zip(raw, transitions)]  # centring runs over transitions only
+    dense = [r[m] for r, m in zip(raw, transitions, strict=True)]  # centring runs over transitions only
     groups = [t.group_id for t in batch.trajectories]
     shaped = clip_turn_terms(centre_turn_terms(dense, groups, mixed, options.credit_centre), options.credit_clip)
     turn = []
-    for r, m, d in zip(raw, transitions, shaped):
+    for r, m, d in zip(raw, transitions, shaped, strict=True):
         full = torch.zeros_like(r)
         full[m] = d
         turn.append(full)
@@ -219,7 +219,7 @@ def trace_credit(batch: AdvantageBatch, options: AdvantageOptions) -> list[Tenso
     ``credit_centre``, ``credit_clip`` and ``credit_fill`` shape the turn term
     (:func:`trace_credit_parts`); their defaults are the paper's form."""
     parts = trace_credit_parts(batch, options)
-    return [_spread(t, o + u) for t, o, u in zip(batch.trajectories, parts.outcome, parts.turn)]
+    return [_spread(t, o + u) for t, o, u in zip(batch.trajectories, parts.outcome, parts.turn, strict=True)]
 
 
 def credit_diagnostics(batch: AdvantageBatch, options: AdvantageOptions) -> dict[str, float]:
@@ -235,11 +235,11 @@ def credit_diagnostics(batch: AdvantageBatch, options: AdvantageOptions) -> dict
       either vector is 0.
     """
     parts = trace_credit_parts(batch, options)
-    same = [v for r, m, t in zip(parts.raw_turn, parts.mixed, batch.trajectories) if not m and not t.infra_failed
-            for v, turn in zip(r.tolist(), t.turns) if turn.is_transition]
+    same = [v for r, m, t in zip(parts.raw_turn, parts.mixed, batch.trajectories, strict=True) if not m and not t.infra_failed
+            for v, turn in zip(r.tolist(), t.turns, strict=True) if turn.is_transition]
     trajs = batch.trajectories
-    turn = torch.cat([_spread(t, u) for t, u in zip(trajs, parts.turn)] or [torch.zeros(0)]).double()
-    out = torch.cat([_spread(t, o) for t, o in zip(trajs, parts.outcome)] or [torch.zeros(0)]).double()
+    turn = torch.cat([_spread(t, u) for t, u in zip(trajs, parts.turn, strict=True)] or [torch.zeros(0)]).double()
+    out = torch.cat([_spread(t, o) for t, o in zip(trajs, parts.outcome, strict=True)] or [torch.zeros(0)]).double()
     norm = float(turn.norm() * out.norm())
     nan = float("nan")
     return {

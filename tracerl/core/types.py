@@ -253,7 +253,7 @@ class RolloutTree:
             kids = [self.nodes[c] for c in node.children if self.nodes[c].visits > 0]
             node.visits = sum(k.visits for k in kids)
             node.value_target = (
-                sum(k.visits * k.value_target for k in kids) / node.visits  # type: ignore[misc]
+                sum(k.visits * k.value_target for k in kids) / node.visits  # type: ignore[misc,operator]
                 if node.visits
                 else None
             )

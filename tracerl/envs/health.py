@@ -60,7 +60,7 @@ class ToolStats:
 
     def __add__(self, other: ToolStats) -> ToolStats:
         names = list(dict.fromkeys([*self.per_tool, *other.per_tool]))
-        per_tool = {n: [a + b for a, b in zip(self.per_tool.get(n, [0, 0]), other.per_tool.get(n, [0, 0]))]
+        per_tool = {n: [a + b for a, b in zip(self.per_tool.get(n, [0, 0]), other.per_tool.get(n, [0, 0]), strict=True)]
                     for n in names}
         return ToolStats(per_tool, {**self.last_failure, **other.last_failure})
 

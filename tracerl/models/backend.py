@@ -241,7 +241,7 @@ class HFPolicy:
         row_to_unique = [unique.setdefault(tuple(p), len(unique)) for p in prefixes]
         seqs = [list(p) for p in unique]
         hits = [self.store.lookup(p) if self.store is not None else (None, 0) for p in seqs]
-        computed = sum(len(p) - k for p, (_, k) in zip(seqs, hits))
+        computed = sum(len(p) - k for p, (_, k) in zip(seqs, hits, strict=True))
         self.stats["prefill_tokens"] += computed
         self.stats["reused_prefix_tokens"] += sum(len(p) for p in prefixes) - computed
         was_training = self.model.training
@@ -257,7 +257,7 @@ class HFPolicy:
         finally:
             self.model.train(was_training)
         if states is not None:
-            for gen, u in zip(gens, row_to_unique):
+            for gen, u in zip(gens, row_to_unique, strict=True):
                 gen.state = states[u]
         self.stats["generated_tokens"] += sum(len(g.token_ids) for g in gens)
         return gens
@@ -275,7 +275,7 @@ class HFPolicy:
         unique = list(dict.fromkeys(tuple(p) for p in prefixes))
         seqs = [list(p) for p in unique]
         hits = [self.store.lookup(p) if self.store is not None else (None, 0) for p in seqs]
-        self.stats["prefill_tokens"] += sum(len(p) - k for p, (_, k) in zip(seqs, hits))
+        self.stats["prefill_tokens"] += sum(len(p) - k for p, (_, k) in zip(seqs, hits, strict=True))
         was_training, recording = self.model.training, self.record_states
         self.model.eval()
         self.record_states = True

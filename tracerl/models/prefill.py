@@ -91,7 +91,7 @@ def _prefill_bucket(
     device = next(model.parameters()).device  # HFPolicy.device
     rows = len(seqs)
     cached = max(k for _, k in hits)
-    width = max(len(p) - k for p, (_, k) in zip(seqs, hits))
+    width = max(len(p) - k for p, (_, k) in zip(seqs, hits, strict=True))
     cache = new_cache(model)
     if cached > 0:
         sample = next(e for e, k in hits if k > 0).layers  # type: ignore[union-attr]
@@ -105,7 +105,7 @@ def _prefill_bucket(
             cache.update(keys, values, layer)
     # Built as Python lists and sent to the model's device in one copy each.
     ids, mask, positions = [], [], []
-    for seq, (_, k) in zip(seqs, hits):
+    for seq, (_, k) in zip(seqs, hits, strict=True):
         suffix = len(seq) - k
         ids.append([pad_token_id] * (width - suffix) + seq[k:])
         mask.append([0] * (cached - k) + [1] * k + [0] * (width - suffix) + [1] * suffix)

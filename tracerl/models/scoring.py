@@ -293,7 +293,7 @@ def score_readiness(
         nodes = _boundary_nodes(traj, tree)
         cuts = traj.boundaries
         known = [tree.nodes[n].readiness for n in nodes] if (nodes and tree) else [None] * len(cuts)
-        need = [c for c, k in zip(cuts, known) if k is None]
+        need = [c for c, k in zip(cuts, known, strict=True) if k is None]
         if need:
             requests.append(ScoreRequest(tuple(traj.token_ids[: max(need)]), tuple(need), tuple(answer), tuple(opener)))
         plans.append((traj, tree, nodes, known))
@@ -307,7 +307,7 @@ def score_readiness(
         if not all(math.isfinite(v) for v in values):
             raise ValueError(f"non-finite readiness scores for task {traj.task_id!r}: {values}")
         traj.readiness = values
-        for n, v in zip(nodes or [], values):
+        for n, v in zip(nodes, values, strict=True) if nodes else ():  # no node ids: a bare trajectory
             if tree is not None and tree.nodes[n].readiness is None:
                 tree.nodes[n].readiness = v
     return stats

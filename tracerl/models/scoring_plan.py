@@ -85,7 +85,7 @@ def _maximal(seqs: Sequence[tuple[int, ...]]) -> tuple[list[tuple[int, ...]], di
 
 def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):  # the common prefix of two sequences of any lengths
         if x != y:
             break
         n += 1
@@ -128,7 +128,7 @@ def plan_requests(requests: Sequence[ScoreRequest], row_cap: int) -> tuple[list[
     index: dict[tuple[Any, ...], int] = {}
     cuts: list[Cut] = []
     where: list[list[int]] = []
-    for req, seq in zip(requests, seqs):
+    for req, seq in zip(requests, seqs, strict=True):
         opener, answer, mine = tuple(req.opener_ids), tuple(req.answer_ids), []
         row, slots = placed[cover[seq]]
         for c in req.cut_points:

@@ -289,7 +289,7 @@ class VLLMPolicy:
         # enqueue answers vLLM's internal ids ("<counter>-<8 random chars>"); outputs carry the
         # counter part (the external id), which is what this backend keys requests by
         ids = [str(i).split("-", 1)[0] for i in added]
-        for request, prefix in zip(ids, prefixes):
+        for request, prefix in zip(ids, prefixes, strict=True):
             self._open[request] = (len(prefix), params)
         self.stats["requests"] += len(ids)
         return ids

@@ -64,8 +64,8 @@ def vllm_readiness(llm: Any, requests: Sequence[ScoreRequest], stats: ScoreStats
     if stats is not None:
         stats.forwards += 1
         stats.prefill_tokens += sum(len(p["prompt_token_ids"]) - int(getattr(o, "num_cached_tokens", 0) or 0)
-                                    for p, o in zip(prompts, outputs))
-    means = [_answer_mean(out, answer) for out, (_, _, answer) in zip(outputs, keys)]
+                                    for p, o in zip(prompts, outputs, strict=True))
+    means = [_answer_mean(out, answer) for out, (_, _, answer) in zip(outputs, keys, strict=True)]
     return [
         torch.tensor([means[keys[(tuple(r.input_ids[:c]), tuple(r.opener_ids), tuple(r.answer_ids))]]
                       for c in r.cut_points], dtype=torch.float32)

@@ -312,7 +312,7 @@ class RolloutEngine(TurnSteps):
             gens = self.backend.generate([prefix for prefix, _, _ in rows], params, [seed for _, _, seed in rows],
                                          routing_keys=[lv.tree.tree_id for lv in lives])
             still = []
-            for live, gen, (_, budget, _) in zip(lives, gens, rows):
+            for live, gen, (_, budget, _) in zip(lives, gens, rows, strict=True):
                 _keep_state(live, gen)
                 gen = self._fit(gen, budget)
                 generated += len(gen.token_ids)

@@ -107,7 +107,7 @@ def evaluate(
     records: list[dict[str, Any]] = []
     for batch in _batches(tasks, batch_tasks):
         trees, _ = engine.rollout(batch, [samples] * len(batch), generator=generator)
-        for task, tree in zip(batch, trees):
+        for task, tree in zip(batch, trees, strict=True):
             for sample, leaf in enumerate(tree.leaves()):
                 records.append(trajectory_record(tree.trajectories[leaf], task, sample))
         engine.forget(trees)  # evaluation never branches: drop the stored episodes now

@@ -73,12 +73,12 @@ def attribute_docs(cls: type) -> dict[str, str]:
         return {}
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     docs: dict[str, str] = {}
-    for node, after in zip(body, body[1:]):
+    for node, after in zip(body, body[1:], strict=False):  # pairs of neighbours
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
                 and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
             docs[node.target.id] = inspect.cleandoc(after.value.value)
     names = [f.name for f in dataclasses.fields(cls)]
-    for name, following in zip(names, names[1:]):  # one docstring for a pair (clip_low / clip_high)
+    for name, following in zip(names, names[1:], strict=False):  # one docstring for a pair (clip_low / clip_high)
         if name not in docs and following in docs and name in docs[following]:
             docs[name] = docs[following]
     return docs

@@ -190,7 +190,7 @@ class Trainer(RunLifecycle):
 
         if cfg.model.vllm_sleep:  # the engine's KV memory serves the update, its weights wait on the host
             self.executor.sleep(level=1)
-        update = self._update([(t, a) for t, a in zip(trajectories, advantages) if not t.infra_failed])
+        update = self._update([(t, a) for t, a in zip(trajectories, advantages, strict=True) if not t.infra_failed])
         if cfg.model.vllm_sleep:
             self.executor.wake_up()
         self.executor.sync_weights(self.model, self.step_index + 1)  # the backend samples from the new weights
@@ -241,7 +241,7 @@ class Trainer(RunLifecycle):
             with torch.no_grad():
                 trajectories, merged = with_trainer_logprobs(self.model, [p[0] for p in pairs],
                                                              self.update_settings, self.tokenizer.pad_token_id)
-            pairs = [(t, a) for t, (_, a) in zip(trajectories, pairs)]
+            pairs = [(t, a) for t, (_, a) in zip(trajectories, pairs, strict=True)]
         chunks = np.array_split(np.arange(len(pairs)), min(self.config.optim.updates_per_step, len(pairs)))
         for chunk in chunks:
             part = [pairs[i] for i in chunk]

@@ -59,7 +59,7 @@ class TraceMetrics:
             key = {t.tree_id: f"hops{tasks[t.task_id].hops}" for t in trained}
             pool_keys = [f"hops{t.hops}" for t in pool]
         elif preds is not None:
-            key = {t.tree_id: _v_bin(p) for t, p in zip(trained, preds)}
+            key = {t.tree_id: _v_bin(p) for t, p in zip(trained, preds, strict=True)}
             pool_keys = []
         else:
             return {}
@@ -75,7 +75,7 @@ class TraceMetrics:
             if got:
                 out[f"stratum_success_{s}"] = sum(r > 0.5 for r in got) / len(got)
             if preds is not None and mine:
-                out[f"stratum_pred_{s}"] = sum(p for t, p in zip(trained, preds) if key[t.tree_id] == s) / len(mine)
+                out[f"stratum_pred_{s}"] = sum(p for t, p in zip(trained, preds, strict=True) if key[t.tree_id] == s) / len(mine)
         self._warn(strata, pool_keys, out)
         return out
 

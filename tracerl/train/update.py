@@ -62,7 +62,7 @@ def pad_trajectories(trajectories: Sequence[Trajectory], advantages: Sequence[Te
     mask = torch.zeros(size, dtype=torch.bool)
     old = torch.zeros(size)
     adv = torch.zeros(size)
-    for row, (traj, a) in enumerate(zip(trajectories, advantages)):
+    for row, (traj, a) in enumerate(zip(trajectories, advantages, strict=True)):
         n = len(traj.token_ids)
         ids[row, :n] = torch.tensor(traj.token_ids)
         attention[row, :n] = 1
