@@ -142,3 +142,51 @@ def test_unknown_option_names_its_field(trees) -> None:
     bad = OmegaConf.create({"tracerl": {"w_trun": 0.5}})
     with tree_fields(data.non_tensor_batch), pytest.raises(UserError, match=r"algorithm\.tracerl\.w_trun: unknown option"):
         compute_advantage(data, adv_estimator="tracerl_tree_anchor", config=bad)
+
+
+@pytest.fixture(scope="module")
+def transfer_queue():
+    """A local Ray cluster and TransferQueue (TQ hangs with 2 logical CPUs, works with 8)."""
+    import os
+
+    import ray
+    import transfer_queue as tq
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=8, include_dashboard=False)
+    tq.init()
+    yield tq
+    tq.close()
+    ray.shutdown()
+
+
+def test_trainer_advantage_step_on_a_transfer_queue_batch(trees, transfer_queue) -> None:
+    """tracerl_sync's own _compute_advantage: leaves in TransferQueue as verl's agent loop stores
+    them (unpadded per-row tensors, the tree fields beside), advantages written back to it."""
+    from transfer_queue.metadata import KVBatchMeta
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from tracerl.integrations.verl.rows import TREE_FIELDS
+    from tracerl.integrations.verl.trainer import TraceSyncTrainer
+
+    tq = transfer_queue
+    rows = rows_from_trees(trees)
+    keys, leaves = [], []
+    for i, t in enumerate(rows.trajectories):
+        n = len(t.token_ids) - len(t.prompt_ids)
+        leaf = {"uid": rows.non_tensor["uid"][i], "response_mask": rows.response_mask[i, :n],
+                "rm_scores": rows.token_level_rewards[i, :n]}
+        leaf.update({name: rows.non_tensor[name][i] for name in TREE_FIELDS})
+        leaves.append(leaf)
+        keys.append(f"{rows.non_tensor['uid'][i]}_0_{i}")
+    tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(leaves), tags=[{}] * len(keys))
+    trainer = object.__new__(TraceSyncTrainer)  # the advantage step reads only the config and TQ
+    trainer.config = OmegaConf.create({
+        "algorithm": {"adv_estimator": "tracerl_trace_credit", "use_kl_in_reward": False, "gamma": 1.0, "lam": 1.0,
+                      "tracerl": {"w_turn": 0.5, "horizon": 2}},
+        "actor_rollout_ref": {"rollout": {"n": 1}},
+    })
+    trainer._compute_advantage(KVBatchMeta(keys=keys, tags=[{}] * len(keys), partition_id="train"), {})
+    got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages"])["advantages"]
+    got = got.to_padded_tensor(0.0) if got.is_nested else got  # equal-length rows are stored stacked
+    assert torch.equal(got, _expected(trees, "trace_credit", OPTIONS, got.shape[1]))
