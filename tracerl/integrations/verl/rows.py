@@ -116,7 +116,9 @@ def _field(fields: Mapping[str, Any], name: str, rows: int) -> list[Any]:
     return values
 
 
-def _turns(row: int, spans: Sequence[Sequence[int]], readiness: Sequence[float] | None, width: int) -> tuple[int, list[Turn]]:
+def _turns(
+    row: int, spans: Sequence[Sequence[int]], readiness: Sequence[float] | None, width: int
+) -> tuple[int, list[Turn]]:
     """Placeholder turns with the row's span lengths; the last is the answer when the readiness
     counts one transition fewer than turns (only an answer ends without an observation)."""
     if readiness is not None and len(readiness) - 1 not in (len(spans), len(spans) - 1):
@@ -127,7 +129,9 @@ def _turns(row: int, spans: Sequence[Sequence[int]], readiness: Sequence[float] 
     for k, (start, end) in enumerate(spans):
         nxt = spans[k + 1][0] if k + 1 < len(spans) else end
         if not 0 <= start <= end <= nxt <= width:
-            raise ValueError(f"row {row}: tracerl_turn_spans {[list(s) for s in spans]} are not ordered spans within {width} tokens")
+            raise ValueError(
+                f"row {row}: tracerl_turn_spans {[list(s) for s in spans]} are not ordered spans within {width} tokens"
+            )
         kind = "answer" if last_answers and k == len(spans) - 1 else "tool"
         turns.append(Turn([0] * (end - start), [0] * (nxt - end), "", Action(kind=kind)))
     return (spans[0][0] if spans else 0), turns
