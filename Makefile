@@ -32,6 +32,7 @@ test: install lint
 	$(MAKE) test-extras
 	$(MAKE) test-vllm
 	$(MAKE) test-dist
+	$(MAKE) test-verl
 
 # Optional extras (LoRA through peft, parquet through pyarrow) in an environment of their own, so the default .venv and the
 # default test run never see them. `make test-extras` builds .venv-extras once, then runs the
@@ -89,3 +90,21 @@ clean:
 .PHONY: docs
 docs: install
 	$(VENV)/bin/tracerl config reference --out docs/reference.md
+
+# TRACE inside verl (the `verl` extra) in an environment of its own: verl 0.9.1 pins
+# transformers <5.11 and pulls in its v1 trainer's server stack. `make verl` builds .venv-verl once
+# (~6 min, ~1.9 GB); `make test-verl` runs the tests marked `verl`.
+.PHONY: verl test-verl
+VERL_VENV ?= .venv-verl
+VERL_PY := $(VERL_VENV)/bin/python
+
+$(VERL_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_PY) -c "import torch" 2>/dev/null || $(VERL_PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(VERL_PY) -m pip install --quiet -e ".[dev,verl]"
+	touch $@
+
+verl: $(VERL_VENV)/.installed
+
+test-verl: $(VERL_VENV)/.installed
+	HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled $(VERL_PY) -m pytest -m verl

@@ -26,6 +26,7 @@ BELOW = {
     "rollout": {"core", "models", "envs", "agent", "testbed"},
     "train": {"core", "models", "envs", "agent", "testbed", "rollout", "allocation"},
     "cli": {"core", "models", "envs", "agent", "testbed", "rollout", "allocation", "train"},
+    "integrations": {"core"},
 }
 """What each room may import besides itself, ``tracerl.errors`` and ``tracerl.progress`` (dependency-free
 bottom modules); lazy imports included."""

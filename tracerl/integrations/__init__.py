@@ -1,0 +1,1 @@
+"""Bridges to other training frameworks; each is an optional extra, imported only here."""

@@ -1,0 +1,12 @@
+"""TRACE inside verl 0.9.1 (the ``verl`` extra: ``pip install -e '.[verl]'``).
+
+* :mod:`.rows`: tracerl trees <-> verl rows and their tree fields (imports no verl);
+* :mod:`.estimators`: ``tracerl_trace_credit`` and ``tracerl_tree_anchor`` for verl's
+  ``register_adv_est``;
+* :mod:`.trainer`: the ``tracerl_sync`` trainer, verl's sync trainer whose advantage step hands
+  the tree fields to the estimator;
+* :mod:`.plugin`: the ``verl.plugins`` entry point that registers both on ``import verl``;
+* :mod:`.check`: the start-up check, because verl hides plug-in import errors.
+
+This package's ``__init__`` imports nothing, so :mod:`.rows` stays usable without verl.
+"""
