@@ -90,7 +90,7 @@ def _expected(trees, name: str, options: AdvantageOptions, width: int) -> torch.
     rows = rows_from_trees(trees)
     batch = AdvantageBatch(rows.trajectories, {tree.tree_id: tree for tree in trees})
     advantages = get_estimator(name)(batch, options)
-    return pad_rows([a[len(t.prompt_ids):] for t, a in zip(rows.trajectories, advantages)], width)
+    return pad_rows([a[len(t.prompt_ids):] for t, a in zip(rows.trajectories, advantages, strict=True)], width)
 
 
 def _data(trees) -> DataProto:

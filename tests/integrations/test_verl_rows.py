@@ -58,7 +58,7 @@ def test_rebuilt_batch_gives_the_same_advantages(name: str) -> None:
     options = AdvantageOptions()
     estimator = get_estimator(name)
     want = estimator(AdvantageBatch(rows.trajectories, {"t0": tree}), options)
-    want = pad_rows([a[len(t.prompt_ids):] for t, a in zip(rows.trajectories, want)], 6)
+    want = pad_rows([a[len(t.prompt_ids):] for t, a in zip(rows.trajectories, want, strict=True)], 6)
     got = estimator(batch_from_fields(rows.non_tensor, rows.response_mask), options)
     assert torch.equal(pad_rows(got, 6), want)
     if name == "tree_anchor":

@@ -145,7 +145,7 @@ def _tree(tree_id: str, paths: list[list[int]], rewards: list[float]) -> Rollout
     for path, reward in zip(paths, rewards, strict=True):
         if path[0] != 0:
             raise ValueError(f"tree {tree_id!r}: node path {path} does not start at the root 0")
-        for depth, (parent, child) in enumerate(zip(path, path[1:]), start=1):
+        for depth, (parent, child) in enumerate(zip(path, path[1:], strict=False), start=1):
             node = tree.nodes[child]
             if node.parent not in (None, parent):
                 raise ValueError(f"tree {tree_id!r}: node {child} has two parents ({node.parent}, {parent})")
