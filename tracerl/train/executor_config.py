@@ -19,7 +19,7 @@ WEIGHT_SYNCS = ("object_store", "cuda_ipc", "nccl")
 """Values of ``rollout.weight_sync``: how new weights reach Ray rollout workers."""
 READINESS_ON = ("driver", "workers", "scoring_workers")
 """Values of ``rollout.readiness_on``: where reference readiness is scored."""
-RAY_INSTALL = "pip install -e '.[ray]' from a checkout (or pip install 'tracerl[ray]')"
+RAY_INSTALL = "pip install -e '.[ray]' from a checkout"
 
 
 @dataclass
