@@ -39,12 +39,14 @@ def import_path(fn: Callable[..., Any], what: str) -> str:
 
 def trainer(preset: str = "grpo", out: str | Path = "runs/python", *, overrides: Sequence[str] = (),
             reward: Callable[..., float] | str | None = None, tools: Sequence[Callable[..., str] | str] = (),
-            steps: int | None = None, smoke: bool = False, config_file: str | Path | None = None) -> Trainer:
+            steps: int | None = None, smoke: bool | str = False, config_file: str | Path | None = None) -> Trainer:
     """A :class:`~tracerl.train.loop.Trainer` for a fresh run in ``out``, checked as ``tracerl train`` checks.
 
     ``overrides``: ``"section.field=value"`` strings (``--set``); ``reward``: ``(answer: str, task: Task)
     -> float`` or a verifier name (``data.verifier``); ``tools``: typed functions (name, docstring and
     type hints become the schema) or import paths, added to the environment's tools (``data.tools``).
+    ``smoke``: True (``--smoke``: the smoke-pretrained tiny model, react format, search/open only) or
+    ``"random"`` (``--smoke-random``: a random tiny model whose vocabulary fits your tools and format).
     Use it as a context manager (``with trainer(...) as run: run.run()``) so the folder's lock is released.
     """
     sets = list(overrides)
