@@ -13,6 +13,7 @@ from the command line needs the function importable under that path).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from tracerl.errors import UserError
 from tracerl.train.loop import Trainer
 from tracerl.train.preflight import checked_config
 from tracerl.train.runfolder import refuse_if_state
+from tracerl.train.smoke import pretrain_if_used
 
 
 def import_path(fn: Callable[..., Any], what: str) -> str:
@@ -59,4 +61,5 @@ def trainer(preset: str = "grpo", out: str | Path = "runs/python", *, overrides:
         sets.append(f"steps={steps}")
     config, _ = checked_config(preset, config_file=config_file, overrides=sets, smoke=smoke)
     refuse_if_state(Path(out))
+    pretrain_if_used(smoke, config, sys.stderr.write)  # smoke=True: says so the first time, as --smoke does
     return Trainer(config, Path(out))

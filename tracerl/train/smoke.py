@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from tracerl.errors import UserError
 from tracerl.train.config import TrainConfig, resolve_config
 
@@ -74,7 +76,10 @@ def ensure_smoke_model(write: Callable[[str], None]) -> Path:
     """The smoke model's cached folder; the first time, pretrain it and say so in one line with its time.
 
     ``write`` takes raw text (stderr in the CLI): the line reads ``--smoke: pretraining ... done in
-    31.2 s`` and its first half shows while the user waits.
+    31.2 s`` and its first half shows while the user waits. Pretraining runs on one torch thread
+    whatever the run's count: the 0.08M-parameter model is fastest so (a loaded 2-core machine took
+    251 s with torch's default two threads), and the model, deterministic per thread count, is then
+    the same one wherever ``--smoke`` runs.
     """
     from tracerl.testbed.tiny import default_cache_dir, load_or_pretrain
     from tracerl.testbed.tiny_config import get_preset
@@ -84,16 +89,25 @@ def ensure_smoke_model(write: Callable[[str], None]) -> Path:
     if (folder / "tiny_config.json").exists():
         return folder
     write(f"--smoke: pretraining the smoke tiny model once (about 30 s on one CPU core), cached in {folder} ...")
-    start = time.perf_counter()
-    path = load_or_pretrain(config, progress=False)
+    start, threads = time.perf_counter(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        path = load_or_pretrain(config, progress=False)
+    finally:
+        torch.set_num_threads(threads)
     write(f" done in {time.perf_counter() - start:.1f} s\n")
     return path
 
 
+def pretrain_if_used(smoke: bool | str, config: TrainConfig, write: Callable[[str], None]) -> None:
+    """Before a ``smoke`` run starts: pretrain the smoke model (:func:`ensure_smoke_model`) when it uses it."""
+    if smoke in (True, "pretrained") and uses_smoke_model(config):
+        ensure_smoke_model(write)
+
+
 def pretrain_for_run(smoke: bool | str, preset: str, config_file: str | None, overrides: list[str],
                      write: Callable[[str], None]) -> None:
-    """``tracerl train --smoke``: pretrain the smoke model before the run starts when the run uses it."""
-    if smoke not in (True, "pretrained"):
-        return
-    if uses_smoke_model(resolve_config(preset, config_file=config_file, overrides=overrides, smoke=smoke)):
-        ensure_smoke_model(write)
+    """``tracerl train --smoke``: :func:`pretrain_if_used` on the config the run resolves."""
+    if smoke in (True, "pretrained"):
+        pretrain_if_used(smoke, resolve_config(preset, config_file=config_file, overrides=overrides, smoke=smoke),
+                         write)
