@@ -102,3 +102,13 @@ def test_smoke_trace_credit_calls_tools_rewards_episodes_and_scores_readiness(tm
     assert max(r["reward_mean"] for r in records) > 0
     config = (out / "config.yaml").read_text()
     assert "tiny_preset: smoke" in config and "estimator: trace_credit" in config
+
+
+def test_trainer_smoke_true_is_the_cli_smoke_and_refuses_a_custom_tool_in_one_line(tmp_path: Path) -> None:
+    from tracerl.errors import UserError
+    from tracerl.train import trainer
+
+    with pytest.raises(UserError, match=r"^--smoke runs the smoke-pretrained tiny model, which cannot serve "
+                                        r"data.tools = \['test_smoke:city'\].*; use --smoke-random"):
+        trainer("grpo", tmp_path / "run", smoke=True, tools=[city])
+    assert not (tmp_path / "run").exists()
