@@ -82,7 +82,7 @@ def add_config_args(parser: argparse.ArgumentParser, *, hard: bool = True) -> No
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE",
                         help="Config override as for `tracerl train --set` (repeatable; applied last).")
     parser.add_argument("--smoke", action="store_true",
-                        help="Apply the --smoke overlay (random tiny model, tiny world, no hard setting): a pipeline check.")
+                        help="Apply the --smoke-random overlay (random tiny model, tiny world, no hard setting): a pipeline check.")
     parser.add_argument("--dev-model", action="store_true",
                         help="With --smoke: use the pretrained smoke tiny model (" + " ".join(DEV_MODEL) + ").")
     if hard:
@@ -127,7 +127,7 @@ def configure_torch(threads: int) -> None:
 def resolve(preset: str, overrides: list[str], smoke: bool) -> Any:
     from tracerl.train.config import resolve_config
 
-    return resolve_config(preset, overrides=overrides, smoke=smoke)
+    return resolve_config(preset, overrides=overrides, smoke="random" if smoke else False)
 
 
 def fresh_dir(path: Path) -> Path:

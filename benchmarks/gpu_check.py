@@ -62,7 +62,7 @@ def _smoke_config(preset: str, device: str, dtype: str, steps: int) -> Any:
     # `answered` (format) reward the groups are mixed and every preset's update runs.
     overrides = [f"model.device={device}", f"model.dtype={dtype}", "data.verifier=answered", f"steps={steps}",
                  "log.checkpoint_every=1", "model.name_or_path=tiny", "model.tiny_preset=smoke"]
-    return resolve_config(preset, overrides=overrides, smoke=True)
+    return resolve_config(preset, overrides=overrides, smoke="random")
 
 
 def _params(trainer: Trainer) -> dict[str, torch.Tensor]:

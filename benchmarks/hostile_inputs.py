@@ -95,21 +95,21 @@ def lock_link_fresh(work: Path, run: Path) -> list[str]:
     fresh = work / "fresh"
     fresh.mkdir()
     (fresh / ".lock").symlink_to(work / "outside" / "sentinel.txt")
-    return ["train", "grpo", "--smoke", "--steps", "1", "--out", str(fresh), *RUN_ARGS]
+    return ["train", "grpo", "--smoke-random", "--steps", "1", "--out", str(fresh), *RUN_ARGS]
 
 
 def config_in_out(work: Path, run: Path) -> list[str]:
     exp = work / "outside"  # the user's own config is the sentinel: it must not change
     shutil.copy(exp / "sentinel.txt", exp / "config.yaml")
     (exp / "config.yaml").write_text("steps: 1\n")
-    return ["train", "grpo", "--smoke", "--config", str(exp / "config.yaml"), "--out", str(exp)]
+    return ["train", "grpo", "--smoke-random", "--config", str(exp / "config.yaml"), "--out", str(exp)]
 
 
 def metrics_dangling(work: Path, run: Path) -> list[str]:
     fresh = work / "fresh"
     fresh.mkdir()
     (fresh / "metrics.jsonl").symlink_to(work / "outside" / "created.jsonl")
-    return ["train", "grpo", "--smoke", "--steps", "1", "--out", str(fresh), *RUN_ARGS]
+    return ["train", "grpo", "--smoke-random", "--steps", "1", "--out", str(fresh), *RUN_ARGS]
 
 
 def metrics_dev_zero(work: Path, run: Path) -> list[str]:
@@ -163,7 +163,7 @@ def _files(work: Path, tasks: str) -> list[str]:
 
 def big_question(work: Path, run: Path) -> list[str]:
     big = json.dumps({"id": "big", "question": "Who? " * 200_000, "answers": ["A"]})
-    return ["train", "grpo", "--smoke", "--out", str(work / "new-run"),
+    return ["train", "grpo", "--smoke-random", "--out", str(work / "new-run"),
             *_files(work, TASK.format(i=1) + TASK.format(i=2) + big + "\n")]
 
 
@@ -183,7 +183,7 @@ def deep_json_env_check(work: Path, run: Path) -> list[str]:
 
 
 def deep_json_train(work: Path, run: Path) -> list[str]:
-    return ["train", "grpo", "--smoke", "--out", str(work / "new-run"), *_files(work, TASK.format(i=1) + DEEP + "\n")]
+    return ["train", "grpo", "--smoke-random", "--out", str(work / "new-run"), *_files(work, TASK.format(i=1) + DEEP + "\n")]
 
 
 def deep_json_convert(work: Path, run: Path) -> list[str]:
@@ -329,7 +329,7 @@ def build_run(base: Path) -> Path:
     run = base / "template-run"
     if not (run / "LATEST").exists():
         shutil.rmtree(run, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "tracerl.cli", "train", "grpo", "--smoke", "--steps", "1",
+        subprocess.run([sys.executable, "-m", "tracerl.cli", "train", "grpo", "--smoke-random", "--steps", "1",
                         "--out", str(run), *RUN_ARGS], check=True, env=_env(base), capture_output=True, timeout=600,
                        cwd=base)  # not this tree's root: `-m` would import the tracerl found there
     return run

@@ -138,7 +138,7 @@ def view_kills(work: Path, kills: int, rng: random.Random, env: dict[str, str], 
     run = work / "run"
     if not (run / "LATEST").exists():
         shutil.rmtree(run, ignore_errors=True)
-        subprocess.run(_cli("train", "grpo", "--smoke", "--steps", "4", "--out", str(run), "--set",
+        subprocess.run(_cli("train", "grpo", "--smoke-random", "--steps", "4", "--out", str(run), "--set",
                             f"model.name_or_path={model}", "--set", "eval.size=2", "--set",
                             "rollout.engine.max_turns=2"), cwd=ROOT, env=env, check=True, capture_output=True)
     view = run / "view"

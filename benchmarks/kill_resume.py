@@ -6,7 +6,7 @@ killed with SIGKILL after a random delay, and the next one continues the same fo
 before the kills are spent, the next run starts in a new folder. Each process is started as
 the CLI documents:
 
-- ``tracerl train grpo --smoke --out DIR ...`` when ``DIR/config.yaml`` does not exist yet
+- ``tracerl train grpo --smoke-random --out DIR ...`` when ``DIR/config.yaml`` does not exist yet
   (the process was killed before it wrote anything: a fresh start is allowed on a folder
   without run state);
 - ``tracerl train --resume DIR --steps N`` otherwise (with no checkpoint yet it restarts the
@@ -59,7 +59,7 @@ def _command(run_dir: Path, steps: int, model: str) -> list[str]:
     if (run_dir / "config.yaml").exists():
         return base + ["--resume", str(run_dir), "--steps", str(steps)]
     sets = [f"model.name_or_path={model}", *OVERRIDES]
-    return base + ["grpo", "--smoke", "--out", str(run_dir), "--steps", str(steps)] + [
+    return base + ["grpo", "--smoke-random", "--out", str(run_dir), "--steps", str(steps)] + [
         arg for item in sets for arg in ("--set", item)]
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from common import RESULTS, fresh_dir, machine, mean, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
-SMOKE = ["grpo", "--smoke", "--set", "model.name_or_path=tiny", "--set", "model.tiny_preset=smoke",
+SMOKE = ["grpo", "--smoke-random", "--set", "model.name_or_path=tiny", "--set", "model.tiny_preset=smoke",
          "--set", "data.verifier=answered", "--set", "eval.every=0", "--set", "eval.size=4",
          "--set", "log.checkpoint_every=1000"]
 

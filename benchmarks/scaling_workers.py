@@ -50,7 +50,7 @@ OVERRIDES = ["rollout.executor=ray", "rollout.readiness_on=workers", "rollout.bu
 
 def measure(workers: int, steps: int, folder: Path) -> dict[str, float]:
     """Mean per-step numbers of ``steps`` steps (after one warm-up) on ``workers`` workers."""
-    cfg = resolve_config("trace", smoke=True, overrides=OVERRIDES + [f"rollout.workers={workers}"])
+    cfg = resolve_config("trace", smoke="random", overrides=OVERRIDES + [f"rollout.workers={workers}"])
     tasks = load_task_data(cfg.data, cfg.rollout.engine, cfg.seed).train
     tok = bpe_tokenizer()
     trainer = tiny_model(len(tok), seed=3)  # the driver's copy of the policy (what sync_weights sends)

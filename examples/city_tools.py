@@ -1,6 +1,6 @@
 """A custom tool and a custom verifier, plugged into training by import path.
 
-    PYTHONPATH=examples tracerl train grpo --smoke --out runs/city \
+    PYTHONPATH=examples tracerl train grpo --smoke-random --out runs/city \
         --set 'data.tools=[city_tools:population]' --set model.tool_list=true --set data.verifier=city_tools:contains
 
 A tool is a typed function: its name is the tool's name, the first paragraph of its docstring

@@ -56,14 +56,14 @@ def assert_one_line(result, code: int, *needles: str) -> str:  # noqa: ANN001
 )
 def test_bad_config_is_one_line_and_creates_no_folder(tmp_path: Path, override: str, needle: str) -> None:
     out = tmp_path / "run"
-    result = invoke("train", "grpo", "--smoke", "--out", str(out), "--set", override)
+    result = invoke("train", "grpo", "--smoke-random", "--out", str(out), "--set", override)
     assert_one_line(result, 1, "train failed:", needle)
     assert not out.exists()
 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
-    assert_one_line(invoke("train", "grpo", "--smoke", "--out", str(tmp_path / "r"), "--steps", "0"), 2, "--steps")
-    assert_one_line(invoke("train", "--smoke"), 2, "--out")
+    assert_one_line(invoke("train", "grpo", "--smoke-random", "--out", str(tmp_path / "r"), "--steps", "0"), 2, "--steps")
+    assert_one_line(invoke("train", "--smoke-random"), 2, "--out")
     assert not (tmp_path / "r").exists()
 
 
@@ -93,7 +93,7 @@ GOOD = "".join(TASK.format(i=i) for i in range(3)).encode()
 def test_bad_data_files_fail_before_the_run_folder(tmp_path: Path, tasks: bytes, eval_tasks: bytes | None,
                                                    needles: list[str]) -> None:
     out = tmp_path / "run"
-    result = invoke("train", "grpo", "--smoke", "--out", str(out), *_files(tmp_path, tasks, eval_tasks))
+    result = invoke("train", "grpo", "--smoke-random", "--out", str(out), *_files(tmp_path, tasks, eval_tasks))
     assert_one_line(result, 1, *needles)
     assert not out.exists()
 
@@ -119,7 +119,7 @@ def test_full_disk_names_what_was_written(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(run, "start_training", start)
     out = tmp_path / "run"
-    result = invoke("train", "grpo", "--smoke", "--out", str(out))
+    result = invoke("train", "grpo", "--smoke-random", "--out", str(out))
     assert_one_line(result, 1, "no space left on device writing", str(out))
 
 
@@ -130,17 +130,17 @@ def test_a_bug_keeps_its_traceback_and_debug_shows_user_errors(tmp_path: Path, m
         raise KeyError("internal state")  # not the user's fault: must not be hidden
 
     monkeypatch.setattr(run, "start_training", broken)
-    result = invoke("train", "grpo", "--smoke", "--out", str(tmp_path / "run"))
+    result = invoke("train", "grpo", "--smoke-random", "--out", str(tmp_path / "run"))
     assert result.exit_code != 0 and isinstance(result.exception, KeyError)
 
-    args = ("train", "grpo", "--smoke", "--out", str(tmp_path / "r"), "--set", "optim.lr=.inf")
+    args = ("train", "grpo", "--smoke-random", "--out", str(tmp_path / "r"), "--set", "optim.lr=.inf")
     assert isinstance(invoke("--debug", *args).exception, UserError)  # re-raised: the traceback prints
     assert isinstance(invoke(*args, env={"TRACERL_DEBUG": "1"}).exception, UserError)
     assert_one_line(invoke(*args), 1, "optim.lr")
 
 
 def test_debug_flag_prints_a_traceback_in_a_real_process(tmp_path: Path) -> None:
-    args = [sys.executable, "-m", "tracerl.cli", "train", "grpo", "--smoke", "--out", str(tmp_path / "r"),
+    args = [sys.executable, "-m", "tracerl.cli", "train", "grpo", "--smoke-random", "--out", str(tmp_path / "r"),
             "--set", "optim.betas=[2,3]"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("TRACERL_DEBUG", None)
@@ -156,7 +156,7 @@ def test_debug_flag_prints_a_traceback_in_a_real_process(tmp_path: Path) -> None
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cli") / "run"
-    result = CliRunner().invoke(app, ["train", "grpo", "--smoke", "--steps", "1", "--out", str(out),
+    result = CliRunner().invoke(app, ["train", "grpo", "--smoke-random", "--steps", "1", "--out", str(out),
                                       "--set", "rollout.engine.max_turns=2", "--set", "eval.size=2"])
     assert result.exit_code == 0, result.output
     return out

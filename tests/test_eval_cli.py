@@ -20,7 +20,7 @@ from tracerl.train.loop import Trainer
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1-step smoke run (random-tiny) with a checkpoint."""
     out = tmp_path_factory.mktemp("eval") / "run"
-    config = resolve_config("grpo", smoke=True, overrides=["steps=1", "eval.size=2", "rollout.engine.max_turns=2"])
+    config = resolve_config("grpo", smoke="random", overrides=["steps=1", "eval.size=2", "rollout.engine.max_turns=2"])
     with Trainer(config, out) as trainer:
         trainer.run()
     return out
@@ -82,7 +82,7 @@ def test_eval_run_of_a_lora_run_loads_the_adapter_on_the_initial_base(tmp_path: 
     pytest.importorskip("peft")
     from tracerl.train.evaluation import eval_run
 
-    config = resolve_config("grpo", smoke=True, overrides=["steps=1", "eval.size=2", "rollout.engine.max_turns=2",
+    config = resolve_config("grpo", smoke="random", overrides=["steps=1", "eval.size=2", "rollout.engine.max_turns=2",
                                                             "model.lora.r=4", "optim.lr=1e-2"])
     with Trainer(config, tmp_path / "run") as trainer:
         trainer.run()

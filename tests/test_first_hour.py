@@ -48,14 +48,14 @@ def data_files(tmp_path: Path, tasks: str = TASKS) -> list[str]:
 
 
 def test_data_paths_without_a_source_mean_files(tmp_path: Path) -> None:
-    config = resolve_config("grpo", smoke=True, overrides=data_files(tmp_path))
+    config = resolve_config("grpo", smoke="random", overrides=data_files(tmp_path))
     assert config.data.source == "files" and config.data.tasks.endswith("tasks.jsonl")
 
 
 def test_synthwiki_beside_data_paths_is_refused_in_one_line(tmp_path: Path) -> None:
     sets = [a for s in [*data_files(tmp_path), "data.source=synthwiki"] for a in ("--set", s)]
     out = tmp_path / "run"
-    line = one_stderr_line(invoke("train", "grpo", "--smoke", "--out", str(out), *sets), 1)
+    line = one_stderr_line(invoke("train", "grpo", "--smoke-random", "--out", str(out), *sets), 1)
     assert line.startswith("train failed: data.tasks and data.corpus are set but data.source = 'synthwiki'")
     assert not out.exists()
 
@@ -66,8 +66,8 @@ def test_synthwiki_beside_data_paths_is_refused_in_one_line(tmp_path: Path) -> N
 def test_config_show_refuses_the_data_train_refuses(tmp_path: Path) -> None:
     bad = TASKS + '{"id": "9", "question": "no answers"}\n'
     sets = [a for s in data_files(tmp_path, bad) for a in ("--set", s)]
-    train = one_stderr_line(invoke("train", "grpo", "--smoke", "--out", str(tmp_path / "run"), *sets), 1)
-    show = one_stderr_line(invoke("config", "show", "grpo", "--smoke", *sets), 1)
+    train = one_stderr_line(invoke("train", "grpo", "--smoke-random", "--out", str(tmp_path / "run"), *sets), 1)
+    show = one_stderr_line(invoke("config", "show", "grpo", "--smoke-random", *sets), 1)
     assert "tasks.jsonl:5" in train and show.removeprefix("config show failed: ") == train.removeprefix("train failed: ")
 
 
@@ -77,7 +77,7 @@ def test_config_show_refuses_the_data_train_refuses(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("first-hour") / "run"
-    result = CliRunner().invoke(app, ["train", "grpo", "--smoke", "--steps", "2", "--out", str(out),
+    result = CliRunner().invoke(app, ["train", "grpo", "--smoke-random", "--steps", "2", "--out", str(out),
                                       "--set", "rollout.engine.max_turns=2", "--set", "eval.size=2"])
     assert result.exit_code == 0, result.output
     return out
@@ -205,7 +205,7 @@ def population(quux: str) -> str:
 def test_a_tool_name_the_model_cannot_read_is_refused(finished_run: Path, tmp_path: Path, tool: str, needle: str) -> None:
     fixed_vocabulary = finished_run / "initial"  # a saved word-level tokenizer that never saw the tool
     out = tmp_path / "run"
-    line = one_stderr_line(invoke("train", "grpo", "--smoke", "--out", str(out), "--set", f"data.tools=[{__name__}:{tool}]",
+    line = one_stderr_line(invoke("train", "grpo", "--smoke-random", "--out", str(out), "--set", f"data.tools=[{__name__}:{tool}]",
                                   "--set", f"model.name_or_path={fixed_vocabulary}", "--set", "model.tool_list=true"), 1)
     assert line.startswith(f"train failed: {needle}")
     assert not (out / "metrics.jsonl").exists()
@@ -214,7 +214,7 @@ def test_a_tool_name_the_model_cannot_read_is_refused(finished_run: Path, tmp_pa
 def test_a_random_tiny_vocabulary_includes_the_runs_tools(tmp_path: Path) -> None:
     from tracerl.train.loop import Trainer
 
-    config = resolve_config("grpo", smoke=True, overrides=[f"data.tools=[{__name__}:zorblat]", "model.tool_list=true"])
+    config = resolve_config("grpo", smoke="random", overrides=[f"data.tools=[{__name__}:zorblat]", "model.tool_list=true"])
     with Trainer(config, tmp_path / "run") as trainer:
         ids = trainer.fmt.prompt_ids(trainer.data.train[0], trainer.data.environment.tools, trainer.tokenizer)
         assert trainer.tokenizer.unk_token_id not in ids
@@ -246,7 +246,7 @@ def test_smoke_pretrained_calls_tools_rewards_episodes_and_scores_credit(tmp_pat
     import json
 
     out = tmp_path / "run"  # pretrains the smoke model once (about 30 s on one core), then cached
-    result = invoke("train", "trace", "--smoke-pretrained", "--steps", "2", "--out", str(out), "--set", "eval.size=2")
+    result = invoke("train", "trace", "--smoke", "--steps", "2", "--out", str(out), "--set", "eval.size=2")
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["tool_calls"] > 0 and r["readiness_gain_mean"] is not None for r in records)

@@ -1,6 +1,6 @@
 """Plug-ins by name or import path: verifiers, environments, tools, estimators, formats.
 
-The custom-tool example of the README (examples/city_tools.py) trains here with ``--smoke``.
+The custom-tool example of the README (examples/city_tools.py) trains here with ``--smoke-random``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ readiness_estimator.needs_readiness = True  # type: ignore[attr-defined]
 
 
 def _config(*overrides: str):
-    return resolve_config("grpo", smoke=True, overrides=list(overrides))
+    return resolve_config("grpo", smoke="random", overrides=list(overrides))
 
 
 @pytest.mark.parametrize(("override", "message"), [
@@ -117,7 +117,7 @@ def test_environment_factory_by_import_path_gets_the_extra_tools(examples_on_pat
 
 
 def test_custom_tool_trains_with_smoke_and_is_listed(examples_on_path: None, tmp_path: Path) -> None:
-    """The README's example: ``data.tools=[city_tools:population] model.tool_list=true --smoke``."""
+    """The README's example: ``data.tools=[city_tools:population] model.tool_list=true --smoke-random``."""
     config = _config("data.tools=[city_tools:population]", "model.tool_list=true", "steps=1",
                      "data.verifier=city_tools:contains")
     trainer = Trainer(config, tmp_path / "run")

@@ -83,5 +83,5 @@ def test_trainer_refuses_a_lambda_in_one_line(tmp_path: Path) -> None:
     from tracerl.train import trainer
 
     with pytest.raises(UserError, match=r"reward .* must be a function defined at module level"):
-        trainer("grpo", tmp_path / "run", smoke=True, reward=lambda answer, task: 1.0)
+        trainer("grpo", tmp_path / "run", smoke="random", reward=lambda answer, task: 1.0)
     assert not (tmp_path / "run").exists()

@@ -274,10 +274,10 @@ def train(
     config: str = typer.Option(None, "--config", help="YAML file layered over the preset."),
     set_: list[str] = typer.Option(None, "--set", help="Override, e.g. --set optim.lr=1e-5 (repeatable)."),
     steps: int = typer.Option(None, help="Train until this many steps in total."),
-    smoke: bool = typer.Option(False, help="Random tiny model on a tiny world: a sanity run in seconds."),
-    smoke_pretrained: bool = typer.Option(False, "--smoke-pretrained",
-                                          help="--smoke on the smoke-pretrained tiny model (cached): calls tools, "
-                                               "rewards some episodes, scores credit."),
+    smoke: bool = typer.Option(False, "--smoke", help="The smoke-pretrained tiny model (pretrained once, cached) on a "
+                               "tiny world: seconds; calls tools, rewards some episodes, scores credit."),
+    smoke_random: bool = typer.Option(False, "--smoke-random", help="--smoke on a random tiny model whose vocabulary "
+                                      "is built from the run's format and tools (custom ones); never calls a tool."),
     resume: str = typer.Option(None, "--resume", help="Continue the run in this folder exactly."),
     device: str = typer.Option(None, "--device", help="With --resume: continue on this device (e.g. cuda:0)."),
     nproc: int = typer.Option(None, "--nproc", help="Training processes (FSDP2, one per GPU), launched through "
@@ -296,12 +296,9 @@ def train(
     if nproc is None and launched_world() > 1:  # under torchrun (ours drops --nproc: its parser would take it)
         nproc = launched_world()
     set_ = [*(set_ or []), *([f"dist.nproc={nproc}"] if nproc is not None and not resume else [])]
-    if smoke_pretrained and not resume:
-        from tracerl.train.presets import SMOKE_PRETRAINED
-
-        smoke, set_ = True, [*SMOKE_PRETRAINED, *set_]
+    smoke_mode = _smoke_mode(smoke, smoke_random)
     if launched_rank() > 0:  # under torchrun: ranks > 0 serve the sharded update
-        serve_rank(preset, config, set_, smoke, resume, nproc, trust_code=trust_run_code)
+        serve_rank(preset, config, set_, smoke_mode, resume, nproc, trust_code=trust_run_code)
         return
     _STATE["writing"] = resume or out
     if device is not None and not resume:
@@ -309,19 +306,34 @@ def train(
     if nproc is not None and nproc > 1 and launched_world() == 1:  # checked here, then torchrun starts N copies
         if not resume and (not preset or not out):
             raise UsageError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")
-        check_launch(preset, config, set_, smoke, resume, out, nproc, trust_code=trust_run_code)
+        check_launch(preset, config, set_, smoke_mode, resume, out, nproc, trust_code=trust_run_code)
+        _pretrain_smoke_model(smoke_mode, preset, config, set_)
         raise typer.Exit(relaunch(nproc, sys.argv[1:]))
     if resume:
         start = resume_training(resume, steps=steps, device=device, nproc=nproc, trust_code=trust_run_code)
     else:
         if not preset or not out:
             raise UsageError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")
-        _preflight(preset, config, set_ or [], smoke)
-        start = start_training(preset, out, config_file=config, overrides=set_ or [], steps=steps, smoke=smoke)
+        _preflight(preset, config, set_ or [], smoke_mode)
+        _pretrain_smoke_model(smoke_mode, preset, config, set_)
+        start = start_training(preset, out, config_file=config, overrides=set_ or [], steps=steps, smoke=smoke_mode)
     start()
 
 
-def _preflight(preset: str, config_file: str | None, overrides: list[str], smoke: bool) -> None:
+def _smoke_mode(smoke: bool, smoke_random: bool) -> bool | str:
+    """``smoke=`` of resolve_config: "pretrained" (--smoke), "random" (--smoke-random) or False."""
+    if smoke and smoke_random:
+        raise UsageError("give --smoke (the smoke-pretrained tiny model) or --smoke-random, not both")
+    return "random" if smoke_random else "pretrained" if smoke else False
+
+
+def _pretrain_smoke_model(smoke: bool | str, preset: str, config_file: str | None, overrides: list[str]) -> None:
+    from tracerl.train.smoke import pretrain_for_run
+
+    pretrain_for_run(smoke, preset, config_file, overrides, lambda text: typer.echo(text, err=True, nl=False))
+
+
+def _preflight(preset: str, config_file: str | None, overrides: list[str], smoke: bool | str) -> None:
     """Check what a fresh run needs (config, data files, model source) before its folder exists."""
     from tracerl.train.preflight import checked_config
 
@@ -335,7 +347,8 @@ def config_show(
     preset: str = typer.Argument(..., help="A method preset."),
     config: str = typer.Option(None, "--config", help="YAML file layered over the preset."),
     set_: list[str] = typer.Option(None, "--set", help="Override, e.g. --set optim.lr=1e-5."),
-    smoke: bool = typer.Option(False, help="Show the --smoke variant."),
+    smoke: bool = typer.Option(False, "--smoke", help="Show the --smoke variant (the smoke-pretrained tiny model)."),
+    smoke_random: bool = typer.Option(False, "--smoke-random", help="Show the --smoke-random variant (a random tiny model)."),
     explain: bool = typer.Option(False, "--explain", help="Comment every field with its meaning and default."),
 ) -> None:
     """Print the fully resolved config of a preset as YAML, after the same checks as `train`."""
@@ -343,7 +356,8 @@ def config_show(
     from tracerl.train.config_docs import explained_yaml
     from tracerl.train.preflight import checked_config
 
-    resolved, notes = checked_config(preset, config_file=config, overrides=set_ or [], smoke=smoke)
+    resolved, notes = checked_config(preset, config_file=config, overrides=set_ or [],
+                                     smoke=_smoke_mode(smoke, smoke_random))
     for note in notes:
         typer.echo(f"note: {note}", err=True)
     typer.echo(explained_yaml(resolved) if explain else config_to_yaml(resolved), nl=False)

@@ -19,7 +19,7 @@ def test_trace_trains_a_local_checkpoint_with_its_chat_template(tmp_path: Path) 
     checkpoint = tmp_path / "ckpt"
     tiny_model(len(tok), seed=1).save_pretrained(checkpoint)
     tok.save_pretrained(checkpoint)
-    config = resolve_config("trace", smoke=True, overrides=[
+    config = resolve_config("trace", smoke="random", overrides=[
         f"model.name_or_path={checkpoint}", "model.format=chat", "model.system_prompt=Answer briefly.",
         "data.verifier=answered", "eval.every=0", "steps=1", "rollout.engine.max_turn_tokens=8"])
     trainer = Trainer(config, tmp_path / "run")

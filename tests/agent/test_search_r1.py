@@ -135,7 +135,7 @@ def test_render_then_parse_round_trips(arg: str) -> None:
 
 
 def test_smoke_training_with_search_r1(tmp_path: Path) -> None:
-    config = resolve_config("grpo", smoke=True, overrides=["model.format=search_r1", "steps=1",
+    config = resolve_config("grpo", smoke="random", overrides=["model.format=search_r1", "steps=1",
                                                           "data.verifier=answered"])
     trainer = Trainer(config, tmp_path / "run")
     assert isinstance(trainer.fmt, SearchR1Format)

@@ -187,7 +187,7 @@ def test_a_training_run_records_states_and_trains_the_hidden_predictor(tmp_path)
 
     overrides = ["data.verifier=answered", "eval.every=0", "eval.size=2", "rollout.budget=8", "rollout.pool_size=2",
                  "rollout.engine.max_turns=3", "steps=2", "predictor.features=both", "log.rollouts=false"]
-    trainer = Trainer(resolve_config("trace_alloc_lu", smoke=True, overrides=overrides), tmp_path)
+    trainer = Trainer(resolve_config("trace_alloc_lu", smoke="random", overrides=overrides), tmp_path)
     try:
         records = [trainer.step() for _ in range(2)]
         assert trainer.executor.backend.record_states  # type: ignore[attr-defined]

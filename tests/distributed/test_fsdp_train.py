@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 pytestmark = [pytest.mark.dist, pytest.mark.skipif(os.environ.get("TRACERL_DIST_TESTS") != "1",
                                                    reason="multi-process test: run with `make test-dist`")]
 ROOT = Path(__file__).parent.parent.parent
-SMOKE = ["grpo", "--smoke", "--steps", "3", "--set", "model.name_or_path=tiny", "--set", "model.tiny_preset=smoke",
+SMOKE = ["grpo", "--smoke-random", "--steps", "3", "--set", "model.name_or_path=tiny", "--set", "model.tiny_preset=smoke",
          "--set", "data.verifier=answered", "--set", "eval.every=0", "--set", "eval.size=4",
          "--set", "log.checkpoint_every=1", "--set", "log.keep_last=3", "--set", "optim.kl_coef=0.05"]
 

@@ -50,7 +50,7 @@ def run(cluster, tmp_path_factory):
     tok = bpe_tokenizer()
     tiny_model(len(tok), seed=3).save_pretrained(folder)
     tok.save_pretrained(folder)
-    config = resolve_config("trace", smoke=True, overrides=OVERRIDES)
+    config = resolve_config("trace", smoke="random", overrides=OVERRIDES)
     tasks = load_task_data(config.data, config.rollout.engine, config.seed).train
     # owners alternate along the pool (w0, w1, w0, ...), so two workers share every step's trees
     by_owner = [[t for t in tasks if worker_of(t.id, 2) == w] for w in (0, 1)]
@@ -59,7 +59,7 @@ def run(cluster, tmp_path_factory):
 
 def _executor(run, workers: int) -> RayExecutor:
     config, folder, _ = run
-    cfg = resolve_config("trace", smoke=True, overrides=OVERRIDES + [f"rollout.workers={workers}"])
+    cfg = resolve_config("trace", smoke="random", overrides=OVERRIDES + [f"rollout.workers={workers}"])
     return RayExecutor(worker_spec(cfg, folder))
 
 
@@ -218,7 +218,7 @@ def _tool_health_takes_stats() -> bool:
 def test_train_smoke_on_two_ray_workers(cluster, tmp_path) -> None:
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRACERL_THREADS": "1"}
-    cmd = [sys.executable, "-c", "import sys; from tracerl.cli import app; sys.argv[0] = 'tracerl'; app()", "train", "trace", "--smoke", "--steps", "3", "--out", str(out),
+    cmd = [sys.executable, "-c", "import sys; from tracerl.cli import app; sys.argv[0] = 'tracerl'; app()", "train", "trace", "--smoke-random", "--steps", "3", "--out", str(out),
            "--set", "rollout.executor=ray", "--set", "rollout.workers=2", "--set", f"rollout.ray_address={cluster}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -61,7 +61,7 @@ def test_a_torn_tasks_file_is_refused_by_env_check_and_training(tmp_path: Path) 
     one_line(invoke("env-check", "--tasks", str(tasks), "--corpus", str(tmp_path / "corpus.jsonl")),
              "env-check failed:", "tasks.jsonl", "torn or edited")
     out = tmp_path / "run"
-    result = invoke("train", "grpo", "--smoke", "--out", str(out), "--set", "data.source=files",
+    result = invoke("train", "grpo", "--smoke-random", "--out", str(out), "--set", "data.source=files",
                     "--set", f"data.tasks={tasks}", "--set", f"data.corpus={tmp_path / 'corpus.jsonl'}")
     one_line(result, "train failed:", "tasks.jsonl", "torn or edited")
     assert not out.exists()
@@ -113,7 +113,7 @@ def test_deep_json_is_one_line_in_env_check_train_and_convert(tmp_path: Path) ->
     corpus.write_text(DOC)
     one_line(invoke("env-check", "--tasks", str(tasks), "--corpus", str(corpus)), "tasks.jsonl:2", "nested too deeply")
     out = tmp_path / "run"
-    one_line(invoke("train", "grpo", "--smoke", "--out", str(out), "--set", "data.source=files",
+    one_line(invoke("train", "grpo", "--smoke-random", "--out", str(out), "--set", "data.source=files",
                     "--set", f"data.tasks={tasks}", "--set", f"data.corpus={corpus}"), "tasks.jsonl:2")
     assert not out.exists()
     raw = tmp_path / "raw.jsonl"
@@ -141,9 +141,9 @@ def test_an_oversized_question_fails_before_the_run_folder(tmp_path: Path) -> No
     corpus.write_text(DOC)
     files = ["--set", "data.source=files", "--set", f"data.tasks={tasks}", "--set", f"data.corpus={corpus}"]
     out = tmp_path / "run"
-    one_line(invoke("train", "grpo", "--smoke", "--out", str(out), *files), "tasks.jsonl:3",
+    one_line(invoke("train", "grpo", "--smoke-random", "--out", str(out), *files), "tasks.jsonl:3",
              "data.max_question_chars = 4000")
-    one_line(invoke("train", "grpo", "--smoke", "--out", str(out), *files, "--set", "data.max_line_bytes=100000"),
+    one_line(invoke("train", "grpo", "--smoke-random", "--out", str(out), *files, "--set", "data.max_line_bytes=100000"),
              "tasks.jsonl:3", "line longer than 100000 bytes", "data.max_line_bytes")
     assert not out.exists()
 

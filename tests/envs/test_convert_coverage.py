@@ -77,7 +77,7 @@ def test_training_on_real_text_with_the_tiny_tokenizer_stops_before_any_step(tmp
     from tracerl.train.loop import Trainer
 
     convert("musique", RAW / "musique_dev_sample.jsonl", tmp_path / "data")
-    config = resolve_config("grpo", smoke=True, overrides=[
+    config = resolve_config("grpo", smoke="random", overrides=[
         "data.source=files", f"data.tasks={tmp_path / 'data' / 'tasks.jsonl'}",
         f"data.corpus={tmp_path / 'data' / 'corpus.jsonl'}"])
     with pytest.raises(UserError, match="cannot encode"):

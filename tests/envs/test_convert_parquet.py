@@ -76,7 +76,7 @@ def test_train_with_parquet_and_no_extra_ends_in_one_line_and_no_run_folder(tmp_
     monkeypatch.setattr("tracerl.train.config.parquet_available", lambda: False)
     tasks = tmp_path / "tasks.parquet"
     tasks.write_bytes(b"PAR1")
-    result = CliRunner().invoke(app, ["train", "grpo", "--smoke", "--out", str(tmp_path / "run"),
+    result = CliRunner().invoke(app, ["train", "grpo", "--smoke-random", "--out", str(tmp_path / "run"),
                                       "--set", "data.source=files", "--set", f"data.tasks={tasks}",
                                       "--set", f"data.corpus={HOTPOT / 'corpus.jsonl'}"])
     assert result.exit_code != 0 and not (tmp_path / "run").exists()

@@ -120,7 +120,7 @@ def test_two_trainer_steps_of_trace_with_lora(tmp_path: Path) -> None:
     from tracerl.train.config import resolve_config
     from tracerl.train.loop import Trainer
 
-    config = resolve_config("trace", smoke=True, overrides=[
+    config = resolve_config("trace", smoke="random", overrides=[
         "model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=answered", "eval.every=0",
         "eval.size=4", "steps=2", "model.lora.r=4", "optim.lr=1e-2", "model.dtype=bfloat16"])
     trainer = Trainer(config, tmp_path)

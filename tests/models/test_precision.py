@@ -41,9 +41,9 @@ def test_compute_context_keys_autocast_by_device_type() -> None:
 
 def test_float16_on_cpu_is_rejected_at_config_load(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="model.dtype = 'float16' needs model.device = 'cuda'"):
-        resolve_config("grpo", smoke=True, overrides=["model.dtype=float16"])
+        resolve_config("grpo", smoke="random", overrides=["model.dtype=float16"])
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # the device check must find cuda:1
-    config = resolve_config("grpo", smoke=True, overrides=["model.dtype=float16", "model.device=cuda:1"])
+    config = resolve_config("grpo", smoke="random", overrides=["model.dtype=float16", "model.device=cuda:1"])
     assert config.model.dtype == "float16"
 
 

@@ -127,7 +127,7 @@ def test_gspo_update_on_policy_loss_is_minus_the_mean_sequence_advantage() -> No
 
 
 def test_gspo_preset_trains_two_steps(tmp_path: Path) -> None:
-    trainer = Trainer(resolve_config("gspo", smoke=True, overrides=[*TINY, "steps=2"]), tmp_path)
+    trainer = Trainer(resolve_config("gspo", smoke="random", overrides=[*TINY, "steps=2"]), tmp_path)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.run()
     records = read_metrics(tmp_path)
@@ -142,7 +142,7 @@ def _grpo(rewards: list[float]) -> list[float]:
 
 
 def test_tree_grpo_preset_logs_inter_plus_intra_tree_advantages(tmp_path: Path) -> None:
-    trainer = Trainer(resolve_config("tree_grpo", smoke=True, overrides=[*TINY, "steps=2"]), tmp_path)
+    trainer = Trainer(resolve_config("tree_grpo", smoke="random", overrides=[*TINY, "steps=2"]), tmp_path)
     trainer.run()
     shared_trees = 0
     for step in (1, 2):

@@ -25,7 +25,7 @@ from tracerl.train.config_io import ConfigError
 ])
 def test_a_bad_number_names_its_field(override: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
-        resolve_config("grpo", smoke=True, overrides=[override])
+        resolve_config("grpo", smoke="random", overrides=[override])
     assert message in str(info.value)
     assert len(str(info.value)) < 400  # the 5000 digits are not echoed
 
@@ -35,14 +35,14 @@ def test_a_number_too_long_to_read_in_a_config_file_names_its_field(tmp_path: Pa
     path = tmp_path / "big.yaml"
     path.write_text("optim:\n  lr: 0.001\nrollout:\n  engine:\n    max_turns: " + "7" * 5000 + "\n")
     with pytest.raises(ConfigError) as info:
-        resolve_config("grpo", smoke=True, config_file=str(path))
+        resolve_config("grpo", smoke="random", config_file=str(path))
     assert "field 'rollout.engine.max_turns' (line 5, 5000 characters) cannot be read" in str(info.value)
     assert len(str(info.value)) < 400
 
 
 def test_numbers_at_the_edges_of_the_ranges_are_accepted() -> None:
     edges = ["optim.lr=1e30", f"seed={2**63 - 1}", "data.tool_timeout_s=1e6"]
-    config = resolve_config("grpo", smoke=True, overrides=edges)
+    config = resolve_config("grpo", smoke="random", overrides=edges)
     assert (config.optim.lr, config.seed, config.data.tool_timeout_s) == (1e30, 2**63 - 1, 1e6)
 
 
@@ -51,7 +51,7 @@ def test_the_cli_prints_one_line_and_creates_no_folder(tmp_path: Path, override:
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRACERL_DEBUG", raising=False)
     out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["train", "grpo", "--smoke", "--out", str(out), "--set", override])
+    result = CliRunner().invoke(app, ["train", "grpo", "--smoke-random", "--out", str(out), "--set", override])
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("train failed: ") and override.split("=")[0] in lines[0]

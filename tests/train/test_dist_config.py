@@ -70,7 +70,7 @@ def test_one_process_run_never_imports_the_sharded_path(tmp_path: Path) -> None:
     loaded = _loaded(f"""
 from tracerl.train.run import resume_training, start_training
 extra = ["eval.every=0", "eval.size=2", "rollout.budget=4", "rollout.pool_size=2"]
-start_training("grpo", {run!r}, overrides=extra, steps=1, smoke=True)()
+start_training("grpo", {run!r}, overrides=extra, steps=1, smoke="random")()
 resume_training({run!r}, steps=2)()
 import tracerl.cli
 """, tmp_path)
@@ -87,13 +87,13 @@ def test_bad_nproc_runs_fail_in_one_line_before_any_launch(tmp_path: Path) -> No
     from tracerl.cli import app
 
     out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["train", "grpo", "--smoke", "--out", str(out), "--nproc", "2",
+    result = CliRunner().invoke(app, ["train", "grpo", "--smoke-random", "--out", str(out), "--nproc", "2",
                                       "--set", "dist.backend=nccl"])
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "dist.backend = 'nccl' needs model.device = 'cuda'" in lines[0], result.stderr
     assert not out.exists()
-    result = CliRunner().invoke(app, ["train", "grpo", "--smoke", "--out", str(out), "--nproc", "0"])
+    result = CliRunner().invoke(app, ["train", "grpo", "--smoke-random", "--out", str(out), "--nproc", "0"])
     assert result.exit_code == 2 and "--nproc must be >= 1" in result.stderr
 
 
@@ -105,7 +105,7 @@ def test_a_one_process_checkpoint_is_not_resumed_at_two(tmp_path: Path) -> None:
 
     run = tmp_path / "run"
     start_training("grpo", run, overrides=["eval.every=0", "eval.size=2", "rollout.budget=4", "rollout.pool_size=2"],
-                   steps=1, smoke=True)()
+                   steps=1, smoke="random")()
     result = CliRunner().invoke(app, ["train", "--resume", str(run), "--nproc", "2"])
     assert result.exit_code == 1, result.output
     assert "was written by one process" in result.stderr and "--nproc 1" in result.stderr

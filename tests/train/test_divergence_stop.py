@@ -30,7 +30,7 @@ def _pretrained() -> None:
 
 
 def config(*extra: str) -> TrainConfig:
-    return resolve_config("grpo", smoke=True, overrides=[*CHEAP, *extra])
+    return resolve_config("grpo", smoke="random", overrides=[*CHEAP, *extra])
 
 
 def test_lr_1e30_stops_when_the_policy_samples_noise(tmp_path: Path) -> None:
@@ -69,7 +69,7 @@ def test_the_cli_stops_a_diverged_run_in_one_line(tmp_path: Path, monkeypatch: p
     monkeypatch.delenv("TRACERL_DEBUG", raising=False)
     settings = [*CHEAP, "optim.lr=1e30", "steps=4", "optim.divergence.mode=stop"]
     overrides = [arg for item in settings for arg in ("--set", item)]
-    result = CliRunner().invoke(app, ["train", "grpo", "--smoke", "--out", str(tmp_path / "run"), *overrides])
+    result = CliRunner().invoke(app, ["train", "grpo", "--smoke-random", "--out", str(tmp_path / "run"), *overrides])
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("train failed: training diverged at step 2"), result.stderr
@@ -85,7 +85,7 @@ def test_the_cli_stops_a_non_finite_run_in_one_line(tmp_path: Path, monkeypatch:
     monkeypatch.delenv("TRACERL_DEBUG", raising=False)
     monkeypatch.setattr(loop_module, "policy_update", nan_update)
     overrides = [arg for item in [*CHEAP, "steps=5", "optim.max_nonfinite_steps=2"] for arg in ("--set", item)]
-    result = CliRunner().invoke(app, ["train", "grpo", "--smoke", "--out", str(tmp_path / "run"), *overrides])
+    result = CliRunner().invoke(app, ["train", "grpo", "--smoke-random", "--out", str(tmp_path / "run"), *overrides])
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "steps 1..2 had a non-finite loss or gradient norm" in lines[0], result.stderr

@@ -72,12 +72,12 @@ def test_recomputed_logprobs_and_the_mismatch_are_hand_checkable() -> None:
 
 
 def test_hf_backend_always_recomputes_with_near_zero_mismatch(tmp_path: Path) -> None:
-    config = resolve_config("grpo", smoke=True, overrides=["steps=1", "eval.every=0", "eval.size=2",
+    config = resolve_config("grpo", smoke="random", overrides=["steps=1", "eval.every=0", "eval.size=2",
                                                            "optim.recompute_old_logprobs=always"])
     with Trainer(config, tmp_path / "always") as trainer:
         (record,) = trainer.run()
         assert trainer.executor.backend.version == 1  # the trainer synced the backend after its one update
     assert record["logprob_mismatch_mean_abs"] < 1e-4 and record["logprob_mismatch_max"] < 1e-4
-    auto = resolve_config("grpo", smoke=True, overrides=["steps=1", "eval.every=0", "eval.size=2"])
+    auto = resolve_config("grpo", smoke="random", overrides=["steps=1", "eval.every=0", "eval.size=2"])
     with Trainer(auto, tmp_path / "auto") as trainer:
         assert trainer.recompute_old_logprobs is False  # auto: only when the sampler is another engine

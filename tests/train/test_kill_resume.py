@@ -48,7 +48,7 @@ class SimulatedKill(BaseException):
 
 
 def cheap_config(*extra: str) -> TrainConfig:
-    return resolve_config("grpo", smoke=True, overrides=[*CHEAP, *extra])
+    return resolve_config("grpo", smoke="random", overrides=[*CHEAP, *extra])
 
 
 def comparable(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -96,7 +96,7 @@ def test_a_kill_before_the_first_checkpoint_then_fresh_start_is_refused_and_resu
     lost = read_metrics(tmp_path)
     assert [r["step"] for r in lost] == [1] and not (tmp_path / "LATEST").exists()
     with pytest.raises(RunFolderError, match=r"initial, metrics.jsonl\); continue it with --resume"):
-        start_training("grpo", tmp_path, smoke=True, overrides=CHEAP, steps=2)
+        start_training("grpo", tmp_path, smoke="random", overrides=CHEAP, steps=2)
     resume_training(tmp_path)()  # no checkpoint: the run restarts from step 0 with its config.yaml
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2]

@@ -20,7 +20,7 @@ TINY = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=ans
 
 
 def smoke_config(preset: str, *extra: str) -> TrainConfig:
-    return resolve_config(preset, smoke=True, overrides=[*TINY, *extra])
+    return resolve_config(preset, smoke="random", overrides=[*TINY, *extra])
 
 
 def weights(trainer: Trainer) -> dict[str, torch.Tensor]:

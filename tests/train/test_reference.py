@@ -28,7 +28,7 @@ RUNS = [("grpo", ["optim.recompute_old_logprobs=always", "eval.at_start=true"]),
 def written_keys() -> set[str]:
     keys: set[str] = set()
     for preset, extra in RUNS:
-        config = resolve_config(preset, smoke=True, overrides=[*extra, "steps=1", "eval.size=2",
+        config = resolve_config(preset, smoke="random", overrides=[*extra, "steps=1", "eval.size=2",
                                                                "rollout.engine.max_turns=2"])
         with Trainer(config, Path(tempfile.mkdtemp()) / "run") as trainer:
             for record in trainer.run():

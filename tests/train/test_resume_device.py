@@ -15,7 +15,7 @@ from tracerl.train.run import resume_training
 
 @pytest.mark.skipif(torch.cuda.device_count() > 3, reason="this machine has a cuda:3")
 def test_a_cuda_run_config_loads_here_and_resumes_on_the_device_given(tmp_path: Path) -> None:
-    config = resolve_config("grpo", smoke=True, overrides=["steps=1", "data.verifier=answered"])
+    config = resolve_config("grpo", smoke="random", overrides=["steps=1", "data.verifier=answered"])
     with Trainer(config, tmp_path / "run") as trainer:
         trainer.run(1)
     ckpt_config = tmp_path / "run" / "ckpt-000001" / "config.yaml"

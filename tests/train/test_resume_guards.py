@@ -33,7 +33,7 @@ class SimulatedKill(BaseException):
 
 
 def config(*extra: str) -> TrainConfig:
-    return resolve_config("grpo", smoke=True, overrides=[*CHEAP, *extra])
+    return resolve_config("grpo", smoke="random", overrides=[*CHEAP, *extra])
 
 
 def comparable(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ CHEAP = ["data.verifier=answered", "eval.every=0", "eval.size=2", "rollout.budge
 
 
 def cheap(*extra: str) -> TrainConfig:
-    return resolve_config("trace", smoke=True, overrides=[*CHEAP, *extra])
+    return resolve_config("trace", smoke="random", overrides=[*CHEAP, *extra])
 
 
 class SimulatedKill(BaseException):

@@ -36,7 +36,7 @@ def _no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1-step smoke run with a checkpoint (copied by each test that changes it)."""
     out = tmp_path_factory.mktemp("untrusted") / "run"
-    config = resolve_config("grpo", smoke=True, overrides=["steps=1", "eval.size=2", "rollout.engine.max_turns=2"])
+    config = resolve_config("grpo", smoke="random", overrides=["steps=1", "eval.size=2", "rollout.engine.max_turns=2"])
     with Trainer(config, out) as trainer:
         trainer.run()
     return out
@@ -86,7 +86,7 @@ def test_a_lock_link_never_truncates_its_target(tmp_path: Path, sentinel: Path) 
     with pytest.raises(RunFolderError, match=r"\.lock is a symbolic link"):
         RunLock(folder)
     with pytest.raises(RunFolderError, match=r"\.lock is a symbolic link"):
-        start_training("grpo", folder, smoke=True)
+        start_training("grpo", folder, smoke="random")
     assert untouched(sentinel)
 
 
@@ -113,7 +113,7 @@ def test_a_dangling_metrics_link_is_refused_on_a_fresh_start(tmp_path: Path) -> 
     folder, elsewhere = tmp_path / "fresh", tmp_path / "elsewhere.jsonl"
     folder.mkdir()
     (folder / "metrics.jsonl").symlink_to(elsewhere)
-    result = invoke("train", "grpo", "--smoke", "--steps", "1", "--out", str(folder))
+    result = invoke("train", "grpo", "--smoke-random", "--steps", "1", "--out", str(folder))
     one_line(result, "metrics.jsonl", "symbolic link")
     assert not elsewhere.exists()
 
@@ -200,14 +200,14 @@ def test_an_alias_bomb_config_is_refused_in_one_line(tmp_path: Path) -> None:
     bomb.write_text(BOMB)
     started = time.monotonic()
     one_line(invoke("config", "show", "grpo", "--config", str(bomb)), "bomb.yaml", "alias bomb")
-    one_line(invoke("train", "grpo", "--smoke", "--config", str(bomb), "--out", str(tmp_path / "r")), "alias bomb")
+    one_line(invoke("train", "grpo", "--smoke-random", "--config", str(bomb), "--out", str(tmp_path / "r")), "alias bomb")
     assert time.monotonic() - started < 20 and not (tmp_path / "r").exists()
 
 
 def test_anchors_of_ordinary_size_still_load(tmp_path: Path) -> None:
     path = tmp_path / "anchors.yaml"
     path.write_text("optim: &o {lr: &lr 0.002, weight_decay: *lr}\n")
-    optim = resolve_config("grpo", config_file=path, smoke=True).optim
+    optim = resolve_config("grpo", config_file=path, smoke="random").optim
     assert optim.lr == 0.002 and optim.weight_decay == 0.002
 
 
@@ -233,7 +233,7 @@ def test_config_inside_the_run_folder_is_refused_and_kept(tmp_path: Path) -> Non
     exp.mkdir()
     mine = "# my experiment\nsteps: 1\n"
     (exp / "config.yaml").write_text(mine)
-    result = invoke("train", "grpo", "--smoke", "--config", str(exp / "config.yaml"), "--out", str(exp))
+    result = invoke("train", "grpo", "--smoke-random", "--config", str(exp / "config.yaml"), "--out", str(exp))
     one_line(result, "--config", "outside --out")
     assert (exp / "config.yaml").read_text() == mine and sorted(p.name for p in exp.iterdir()) == ["config.yaml"]
 

@@ -24,7 +24,7 @@ def test_a_gil_holding_search_is_killed_per_call_and_stops_the_run(tmp_path: Pat
     from tracerl.testbed.tiny_config import get_preset
 
     load_or_pretrain(get_preset("smoke"))
-    config = resolve_config("grpo", smoke=True, overrides=[
+    config = resolve_config("grpo", smoke="random", overrides=[
         *CHEAP, "steps=10", "data.environment=helpers_faults:hung_search_environment", "data.tool_timeout_s=0.5",
         "data.max_failed_tool_steps=2"])
     threads, started = threading.active_count(), shared_worker().started

@@ -37,7 +37,7 @@ def test_overrides_and_yaml_layer_in_order(tmp_path: Path) -> None:
 
 
 def test_smoke_overlay_uses_a_random_tiny_model_and_a_tiny_world() -> None:
-    config = resolve_config("grpo", smoke=True)
+    config = resolve_config("grpo", smoke="random")
     assert config.model.name_or_path == "random-tiny"
     assert config.data.world.num_people < 100
 

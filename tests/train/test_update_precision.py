@@ -189,7 +189,7 @@ def test_trainer_with_bf16_compute_keeps_fp32_master_state(tmp_path) -> None:
     from tracerl.train.config import resolve_config
     from tracerl.train.loop import Trainer
 
-    config = resolve_config("trace", smoke=True, overrides=[
+    config = resolve_config("trace", smoke="random", overrides=[
         "model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=answered", "eval.every=0",
         "eval.size=4", "steps=2", "model.dtype=bfloat16", "optim.kl_coef=0.01", "optim.gradient_checkpointing=true"])
     trainer = Trainer(config, tmp_path)

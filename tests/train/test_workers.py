@@ -26,7 +26,7 @@ def test_an_executor_built_from_a_pickled_spec_equals_one_sharing_the_trainers_p
     model = tiny_model(len(tok), seed=3)
     model.save_pretrained(tmp_path / "initial")
     tok.save_pretrained(tmp_path / "initial")
-    config = resolve_config("grpo", smoke=True)
+    config = resolve_config("grpo", smoke="random")
     spec = pickle.loads(pickle.dumps(worker_spec(config, tmp_path / "initial", worker="w1", version=2)))
     assert isinstance(spec, WorkerSpec) and json.loads(json.dumps(spec.config)) == spec.config  # plain data
     remote = build_executor(spec)  # loads the initial policy and builds its own environment

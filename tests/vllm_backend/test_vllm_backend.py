@@ -133,7 +133,7 @@ def test_aborted_requests_leave_the_engine_idle(facts: dict) -> None:
 
 
 def test_train_smoke_with_vllm_backend(tmp_path: Path) -> None:
-    """The acceptance path: 3 steps of ``tracerl train trace --smoke --set model.backend=vllm``; the
+    """The acceptance path: 3 steps of ``tracerl train trace --smoke-random --set model.backend=vllm``; the
     trainer's recomputed log-probs match the sampler's at every step (weights synced each update)."""
     import importlib.util
 
@@ -146,7 +146,7 @@ def test_train_smoke_with_vllm_backend(tmp_path: Path) -> None:
         pytest.skip(f"the smoke preset's head_dim={head_dim} is below vLLM's CPU minimum (32): set head_dim=32 "
                     "in tiny_config's 'smoke' preset")
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "tracerl.cli", "train", "trace", "--smoke", "--steps", "3",
+    cmd = [sys.executable, "-m", "tracerl.cli", "train", "trace", "--smoke-random", "--steps", "3",
            "--set", "model.backend=vllm", "--set", "model.vllm_gpu_memory_utilization=0.2", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, HF_HUB_OFFLINE="1"))
@@ -161,7 +161,7 @@ def test_train_smoke_with_vllm_backend(tmp_path: Path) -> None:
 
 
 def test_train_smoke_with_vllm_reference_matches_hf_readiness(tmp_path: Path) -> None:
-    """``algo.reference_backend=vllm`` (model.backend=hf): 2 steps of ``trace --smoke`` score readiness
+    """``algo.reference_backend=vllm`` (model.backend=hf): 2 steps of ``trace --smoke-random`` score readiness
     through a frozen vLLM engine; the readiness the run wrote equals the HF scorer's on the same
     trajectories (measured max |diff| 4.8e-7 in memory, 5.3e-6 in the log's 6 significant digits)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",

@@ -1,6 +1,6 @@
 """``algo.reference_backend = 'vllm'`` in a real training run, as a script; prints one JSON line of facts.
 
-Two steps of ``trace --smoke`` (model.backend = hf) with readiness scored by a frozen vLLM engine of
+Two steps of ``trace --smoke-random`` (model.backend = hf) with readiness scored by a frozen vLLM engine of
 the initial policy; then every trajectory the steps trained on is rescored by the HF scorer (the
 reference's HF copy, same initial weights) and compared with the readiness the run wrote to its
 rollout log. Run in a subprocess by ``test_vllm_backend.py`` (one engine start, and vLLM's
@@ -29,7 +29,7 @@ from tracerl.train.rollout_log import read_step  # noqa: E402
 
 
 def main(run_dir: Path) -> None:
-    config = resolve_config("trace", smoke=True, overrides=[
+    config = resolve_config("trace", smoke="random", overrides=[
         "steps=2", "algo.reference_backend=vllm", "model.vllm_gpu_memory_utilization=0.2"])
     out: dict = {}
     start = time.perf_counter()

@@ -13,6 +13,7 @@ from the command line needs the function importable under that path).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from tracerl.errors import UserError
 from tracerl.train.loop import Trainer
 from tracerl.train.preflight import checked_config
 from tracerl.train.runfolder import refuse_if_state
+from tracerl.train.smoke import pretrain_if_used
 
 
 def import_path(fn: Callable[..., Any], what: str) -> str:
@@ -39,12 +41,14 @@ def import_path(fn: Callable[..., Any], what: str) -> str:
 
 def trainer(preset: str = "grpo", out: str | Path = "runs/python", *, overrides: Sequence[str] = (),
             reward: Callable[..., float] | str | None = None, tools: Sequence[Callable[..., str] | str] = (),
-            steps: int | None = None, smoke: bool = False, config_file: str | Path | None = None) -> Trainer:
+            steps: int | None = None, smoke: bool | str = False, config_file: str | Path | None = None) -> Trainer:
     """A :class:`~tracerl.train.loop.Trainer` for a fresh run in ``out``, checked as ``tracerl train`` checks.
 
     ``overrides``: ``"section.field=value"`` strings (``--set``); ``reward``: ``(answer: str, task: Task)
     -> float`` or a verifier name (``data.verifier``); ``tools``: typed functions (name, docstring and
     type hints become the schema) or import paths, added to the environment's tools (``data.tools``).
+    ``smoke``: True (``--smoke``: the smoke-pretrained tiny model, react format, search/open only) or
+    ``"random"`` (``--smoke-random``: a random tiny model whose vocabulary fits your tools and format).
     Use it as a context manager (``with trainer(...) as run: run.run()``) so the folder's lock is released.
     """
     sets = list(overrides)
@@ -57,4 +61,5 @@ def trainer(preset: str = "grpo", out: str | Path = "runs/python", *, overrides:
         sets.append(f"steps={steps}")
     config, _ = checked_config(preset, config_file=config_file, overrides=sets, smoke=smoke)
     refuse_if_state(Path(out))
+    pretrain_if_used(smoke, config, sys.stderr.write)  # smoke=True: says so the first time, as --smoke does
     return Trainer(config, Path(out))

@@ -33,7 +33,7 @@ from tracerl.train.divergence import DivergenceConfig
 from tracerl.train.config_io import ConfigError, from_dict, load_yaml, merge, parse_override, parse_yaml, to_dict
 from tracerl.train.dist_config import DistConfig, check_dist
 from tracerl.train.executor_config import WorkerResources, check_rollout_executor, check_weight_sync
-from tracerl.train.presets import PRESETS, SMOKE
+from tracerl.train.presets import PRESETS, smoke_overlay
 from tracerl.train.trace_checks import check_trace_options
 from tracerl.train.data_source import DATA_PATHS, infer_data_source, synthwiki_ignores_paths
 
@@ -194,7 +194,7 @@ class ModelConfig:
 
     name_or_path: str = "tiny"
     """``tiny`` (the embedded base model, pretrained once and cached), ``random-tiny`` (randomly
-    initialised, for smoke runs) or a Hugging Face folder/name."""
+    initialised, for ``--smoke-random`` runs) or a Hugging Face folder/name."""
     tiny_preset: str = "default"
     """Which embedded tiny-model preset ``tiny`` refers to."""
     format: str = "react"
@@ -487,16 +487,20 @@ class TrainConfig:
 
 
 def resolve_config(
-    preset: str, *, config_file: str | Path | None = None, overrides: list[str] | None = None, smoke: bool = False
+    preset: str, *, config_file: str | Path | None = None, overrides: list[str] | None = None,
+    smoke: bool | str = False,
 ) -> TrainConfig:
-    """Defaults < preset < smoke < YAML file < ``a.b=value`` overrides, validated."""
+    """Defaults < preset < smoke < YAML file < ``a.b=value`` overrides, validated.
+
+    ``smoke``: True or ``"pretrained"`` (``--smoke``: the smoke-pretrained tiny model), ``"random"``
+    (``--smoke-random``: a random tiny model whose vocabulary fits custom tools and formats)."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
     # Start from the full defaults, so a partial override of a nested section (say
     # data.world.max_hops) keeps the section's other defaults instead of its class defaults.
     data: dict[str, Any] = merge(to_dict(TrainConfig()), {"preset": preset, **PRESETS[preset]})
-    if smoke:
-        data = merge(data, SMOKE)
+    if smoke_overlay(smoke) is not None:
+        data = merge(data, smoke_overlay(smoke))
     user: dict[str, Any] = load_yaml(config_file) if config_file else {}
     for text in overrides or []:
         user = merge(user, parse_override(text))

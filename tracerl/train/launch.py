@@ -48,7 +48,7 @@ def without_nproc(argv: list[str]) -> list[str]:
     return out
 
 
-def check_launch(preset: str | None, config_file: str | None, overrides: list[str], smoke: bool,
+def check_launch(preset: str | None, config_file: str | None, overrides: list[str], smoke: bool | str,
                  resume: str | None, out: str | None, nproc: int, *, trust_code: bool = False) -> None:
     """What would fail on every rank, checked once before torchrun starts them (one line, exit 1)."""
     from tracerl.train.checkpoint import latest_checkpoint
@@ -70,7 +70,7 @@ def check_launch(preset: str | None, config_file: str | None, overrides: list[st
     refuse_if_state(Path(out or "."))
 
 
-def serve_rank(preset: str | None, config_file: str | None, overrides: list[str], smoke: bool,
+def serve_rank(preset: str | None, config_file: str | None, overrides: list[str], smoke: bool | str,
                resume: str | None, nproc: int | None, *, trust_code: bool = False) -> None:
     """A rank > 0: the same config rank 0 resolves (for the process group's settings), then serve."""
     from tracerl.train.dist_trainer import serve

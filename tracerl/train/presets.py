@@ -1,5 +1,5 @@
 """Named training configs (spec section 4): the methods as presets over one loop and budget, the
-allocation 2x2 ablation arms, and the ``--smoke`` overlay.
+allocation 2x2 ablation arms, and the ``--smoke`` / ``--smoke-random`` overlays.
 
 Each preset is a partial config (a nested dict) laid over the defaults by
 :func:`~tracerl.train.config.resolve_config`: defaults < preset < ``--smoke`` < YAML file < ``--set``.
@@ -11,7 +11,7 @@ from dataclasses import asdict
 from typing import Any
 
 from tracerl.testbed.tiny_config import SMOKE_WORLD
-from tracerl.train.config_io import merge
+from tracerl.train.config_io import ConfigError, merge
 
 # Methods as presets (spec section 4): the same loop and budget, different scheme/estimator.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -56,8 +56,9 @@ _CREDIT_OPTIONS: dict[str, dict[str, Any]] = {
 PRESETS.update({f"trace_credit_{name}": merge(PRESETS["trace_credit"], {"algo": {"advantage": extra}})
                 for name, extra in _CREDIT_OPTIONS.items()})
 
-# `--smoke`: a randomly initialised tiny model on a tiny world; a few steps run in seconds.
-SMOKE: dict[str, Any] = {
+# `--smoke-random`: a randomly initialised tiny model on a tiny world; a few steps run in seconds. Its
+# vocabulary is built from the run's format and tools, so it serves custom ones (but never calls a tool).
+SMOKE_RANDOM: dict[str, Any] = {
     "steps": 2,
     "model": {"name_or_path": "random-tiny"},
     "data": {
@@ -71,7 +72,21 @@ SMOKE: dict[str, Any] = {
     "eval": {"every": 0, "size": 8},
 }
 
-# `--smoke-pretrained`: the smoke overlay on the smoke-pretrained tiny model (pretrained once in
-# about 30 s on one CPU core, then cached) instead of a random one, sampled a little cooler, so a
-# run of seconds calls tools, rewards some episodes and (with credit on) scores readiness.
-SMOKE_PRETRAINED: list[str] = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "rollout.engine.temperature=0.7"]
+# `--smoke`: the same run on the smoke-pretrained tiny model (pretrained once in about 30 s on one CPU
+# core, then cached) sampled a little cooler, so a run of seconds calls tools, rewards some episodes
+# and (with credit on) scores readiness. Its vocabulary is fixed: react format, search and open only.
+SMOKE: dict[str, Any] = merge(SMOKE_RANDOM, {"model": {"name_or_path": "tiny", "tiny_preset": "smoke"},
+                                             "rollout": {"engine": {"temperature": 0.7}}})
+
+SMOKE_OVERLAYS: dict[str, dict[str, Any]] = {"pretrained": SMOKE, "random": SMOKE_RANDOM}
+"""``smoke=`` of :func:`~tracerl.train.config.resolve_config`: ``True`` is ``"pretrained"`` (``--smoke``)."""
+
+
+def smoke_overlay(smoke: bool | str) -> dict[str, Any] | None:
+    """The overlay of ``smoke`` (False: none; True or "pretrained": ``--smoke``; "random": ``--smoke-random``)."""
+    if smoke is False or smoke is None:
+        return None
+    mode = "pretrained" if smoke is True else smoke
+    if mode not in SMOKE_OVERLAYS:
+        raise ConfigError(f"smoke must be True, False, 'pretrained' or 'random', got {smoke!r}")
+    return SMOKE_OVERLAYS[mode]

@@ -34,7 +34,7 @@ def refuse_config_in_run(config_file: str | Path | None, run_dir: Path) -> None:
 
 def start_training(preset: str, out: str | Path, *, config_file: str | None = None,
                    overrides: list[str] | None = None, steps: int | None = None,
-                   smoke: bool = False) -> Callable[[], list[dict[str, Any]]]:
+                   smoke: bool | str = False) -> Callable[[], list[dict[str, Any]]]:
     """Validate everything first (bad configs and a folder that holds a run fail here, before
     anything is written), take the run folder, then return the run to start."""
     run_dir = Path(out)
