@@ -71,6 +71,9 @@ test-vllm: $(VLLM_VENV)/.installed
 # Several processes (FSDP2 training on gloo through torchrun, Ray rollout workers on a local
 # cluster) in an environment of their own; the default run skips the tests marked `dist` (they
 # need TRACERL_DIST_TESTS=1). RAY_AUTH_MODE=disabled: a local test cluster asks for no token.
+# Test clusters stay on loopback: RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes Ray take 127.0.0.1 as
+# the node's address (as it does on a laptop) instead of the machine's network interface.
+RAY_TEST_ENV := RAY_AUTH_MODE=disabled RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 DIST_VENV ?= .venv-dist
 DIST_PY := $(DIST_VENV)/bin/python
 
@@ -81,7 +84,7 @@ $(DIST_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-dist: $(DIST_VENV)/.installed
-	HF_HUB_OFFLINE=1 TRACERL_DIST_TESTS=1 RAY_AUTH_MODE=disabled $(DIST_PY) -m pytest -m dist
+	HF_HUB_OFFLINE=1 TRACERL_DIST_TESTS=1 $(RAY_TEST_ENV) $(DIST_PY) -m pytest -m dist
 
 clean:
 	rm -rf $(VENV) $(EXTRAS_VENV) $(VLLM_VENV) $(DIST_VENV) demo_out
@@ -107,4 +110,4 @@ $(VERL_VENV)/.installed: pyproject.toml
 verl: $(VERL_VENV)/.installed
 
 test-verl: $(VERL_VENV)/.installed
-	HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled $(VERL_PY) -m pytest -m verl
+	HF_HUB_OFFLINE=1 $(RAY_TEST_ENV) $(VERL_PY) -m pytest -m verl

@@ -54,7 +54,7 @@ def run(cluster, tmp_path_factory):
     tasks = load_task_data(config.data, config.rollout.engine, config.seed).train
     # owners alternate along the pool (w0, w1, w0, ...), so two workers share every step's trees
     by_owner = [[t for t in tasks if worker_of(t.id, 2) == w] for w in (0, 1)]
-    return config, folder, [t for pair in zip(*by_owner, strict=True) for t in pair]
+    return config, folder, [t for pair in zip(*by_owner, strict=False) for t in pair]  # as many pairs as the shorter side
 
 
 def _executor(run, workers: int) -> RayExecutor:
