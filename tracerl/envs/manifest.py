@@ -30,11 +30,14 @@ MANIFEST = "convert_manifest.json"
 _KIND = "tracerl data convert"
 
 
-def _tmp(path: Path) -> Path:
+def temp_path(path: Path) -> Path:
+    """The temporary sibling ``.NAME.tmp-PID`` under which ``path`` is written before ``os.replace``
+    (one naming for data files and run folders, so stale temporaries are found the same way)."""
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or a new file inside ``folder`` durable (POSIX: the entry lives in the folder)."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -49,7 +52,7 @@ def write_temp_lines(path: Path, records: Iterable[dict[str, Any]]) -> tuple[Pat
     a failure (a full disk) removes the temporary and leaves ``path`` as it was.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp, digest, count, size = _tmp(path), hashlib.sha256(), 0, 0
+    tmp, digest, count, size = temp_path(path), hashlib.sha256(), 0, 0
     try:
         with open(tmp, "wb") as handle:
             for record in records:
@@ -67,12 +70,12 @@ def write_temp_lines(path: Path, records: Iterable[dict[str, Any]]) -> tuple[Pat
 
 def _write_manifest(out: Path, status: str, files: dict[str, dict[str, Any]]) -> None:
     path = out / MANIFEST
-    tmp = _tmp(path)
+    tmp = temp_path(path)
     tmp.write_text(json.dumps({"kind": _KIND, "status": status, "files": files}, indent=2, sort_keys=True) + "\n")
     with open(tmp, "rb") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-    _fsync_dir(out)
+    fsync_dir(out)
 
 
 def publish(out: Path, temps: dict[str, tuple[Path, dict[str, Any]]]) -> None:
@@ -85,14 +88,14 @@ def publish(out: Path, temps: dict[str, tuple[Path, dict[str, Any]]]) -> None:
     _write_manifest(out, "converting", entries)
     for name, (tmp, _) in temps.items():
         os.replace(tmp, out / name)
-    _fsync_dir(out)
+    fsync_dir(out)
     _write_manifest(out, "complete", entries)
 
 
 def remove_temps(out: Path, names: Iterable[str]) -> None:
     """Remove this process's temporaries of ``names`` (after a failed conversion)."""
     for name in names:
-        _tmp(out / name).unlink(missing_ok=True)
+        temp_path(out / name).unlink(missing_ok=True)
 
 
 def check_manifest(path: Path) -> int | None:

@@ -26,6 +26,8 @@ import socket
 import stat
 from pathlib import Path
 
+from tracerl.envs.manifest import fsync_dir, temp_path  # one naming and durability for data and run folders
+
 LOCK_FILE = ".lock"
 STATE_NAMES = ("metrics.jsonl", "initial", "LATEST")
 """Files and folders whose presence means a run already trained (or began to) here; ``ckpt-*`` too."""
@@ -39,20 +41,6 @@ _TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
 
 class RunFolderError(ValueError):
     """A run folder is in use, holds another run's state, or is not a run folder (a user error)."""
-
-
-def temp_path(path: Path) -> Path:
-    """The temporary sibling ``.NAME.tmp-PID`` under which ``path`` is written before ``os.replace``."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a rename or a new file inside ``folder`` durable (POSIX: the entry lives in the folder)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_atomic(path: Path, data: bytes) -> None:
