@@ -6,10 +6,12 @@ advantage, GiGPO step groups) so the vectorised estimators can be compared again
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Hashable, Sequence
 
 from tracerl.core.advantages import AdvantageBatch, AdvantageOptions
+from tracerl.core.allocation import root_value
 from tracerl.core.types import Trajectory
 
 
@@ -214,3 +216,19 @@ SLOW = {
     "tree_grpo": slow_tree_grpo,
     "trace_credit": slow_trace_credit,
 }
+
+
+def brute_force_roots(
+    probs: list[float], budget: int, lo: int, hi: int | None, floor: int = 0
+) -> tuple[float, list[int]] | None:
+    """Stage 1 by enumeration: the best value and the lexicographically largest optimal vector (ties
+    within 1e-12), each prompt's count in ``{floor} | [max(lo, floor), hi]`` (``floor`` 0: the paper's
+    form, where a prompt may get nothing)."""
+    top = budget if hi is None else hi
+    choices = sorted({floor, *range(max(lo, floor), top + 1)})
+    feasible = [c for c in itertools.product(choices, repeat=len(probs)) if sum(c) == budget]
+    if not feasible:
+        return None
+    value = {c: sum(root_value(p, m) for p, m in zip(probs, c, strict=True)) for c in feasible}
+    best = max(value.values())
+    return best, list(max(c for c in feasible if value[c] >= best - 1e-12))

@@ -7,6 +7,7 @@ import math
 
 import pytest
 from hypothesis import given, settings
+from core_reference import brute_force_roots
 from hypothesis import strategies as st
 
 from tracerl.core.allocation import (
@@ -18,20 +19,6 @@ from tracerl.core.allocation import (
 )
 
 PROBS = st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]) | st.floats(0.0, 1.0)
-
-
-def brute_force_roots(
-    probs: list[float], budget: int, lo: int, hi: int | None
-) -> tuple[float, list[int]] | None:
-    """Best value and the lexicographically largest optimal vector (ties within 1e-12)."""
-    top = budget if hi is None else hi
-    choices = [0, *range(lo, top + 1)]
-    feasible = [c for c in itertools.product(choices, repeat=len(probs)) if sum(c) == budget]
-    if not feasible:
-        return None
-    value = {c: sum(root_value(p, m) for p, m in zip(probs, c, strict=True)) for c in feasible}
-    best = max(value.values())
-    return best, list(max(c for c in feasible if value[c] >= best - 1e-12))
 
 
 def test_root_value_hand_computed() -> None:

@@ -3,27 +3,15 @@ exploration draw. Exact against brute force on small cases, as the paper's stage
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 from hypothesis import given, settings
+from core_reference import brute_force_roots
 from hypothesis import strategies as st
 
 from tracerl.core.allocation import allocate_roots, exploration_prompts, root_value
 
 PROBS = st.sampled_from([0.1, 0.3, 0.5, 0.8]) | st.floats(0.01, 0.99)
-
-
-def brute_force_floor(probs: list[float], budget: int, lo: int, hi: int | None, floor: int):
-    """Best value and lexicographically largest optimum with counts in {floor} | [max(lo, floor), hi]."""
-    top = budget if hi is None else hi
-    choices = sorted({floor, *range(max(lo, floor), top + 1)})
-    feasible = [c for c in itertools.product(choices, repeat=len(probs)) if sum(c) == budget]
-    if not feasible:
-        return None
-    value = {c: sum(root_value(p, m) for p, m in zip(probs, c, strict=True)) for c in feasible}
-    best = max(value.values())
-    return best, list(max(c for c in feasible if value[c] >= best - 1e-12))
 
 
 def test_floor_hand_computed() -> None:
@@ -43,7 +31,7 @@ def test_floor_hand_computed() -> None:
        floor=st.integers(0, 3), extra=st.none() | st.integers(0, 3))
 def test_floor_matches_brute_force(probs: list[float], budget: int, lo: int, floor: int, extra: int | None) -> None:
     hi = None if extra is None else max(lo, floor) + extra
-    expected = brute_force_floor(probs, budget, lo, hi, floor)
+    expected = brute_force_roots(probs, budget, lo, hi, floor)
     kwargs = {"min_per_prompt": lo, "max_per_prompt": hi, "floor_per_prompt": floor}
     if expected is None:
         with pytest.raises(ValueError, match="no allocation"):

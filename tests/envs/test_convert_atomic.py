@@ -9,14 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 import tracerl.envs.convert as convert_module
-from tracerl.cli import app
 from tracerl.envs.convert import convert
 from tracerl.envs.data import load_corpus, load_tasks
 from tracerl.envs.manifest import MANIFEST
 from tracerl.errors import UserError
+from helpers_cli import invoke, one_line
 
 RAW = Path(__file__).parents[1] / "data" / "raw" / "musique_dev_sample.jsonl"
 TASK = '{{"id": "{i}", "question": "Who is {i}?", "answers": ["A{i}"]}}\n'
@@ -27,19 +26,6 @@ DEEP = "[" * 100_000 + "]" * 100_000
 @pytest.fixture(autouse=True)
 def _no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRACERL_DEBUG", raising=False)
-
-
-def invoke(*args: str):  # noqa: ANN201 - click's Result
-    return CliRunner().invoke(app, list(args))
-
-
-def one_line(result, *needles: str) -> str:  # noqa: ANN001
-    assert result.exit_code == 1, (result.output, result.exception)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def test_a_conversion_writes_a_complete_manifest(tmp_path: Path) -> None:

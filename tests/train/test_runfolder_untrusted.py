@@ -10,9 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from tracerl.cli import app
 from tracerl.train.checkpoint import CheckpointError, latest_checkpoint
 from tracerl.train.config import ConfigError, resolve_config
 from tracerl.train.loop import Trainer
@@ -20,6 +18,7 @@ from tracerl.train.metrics import parse_metrics, read_metrics
 from tracerl.train.run import resume_training, start_training
 from tracerl.train.run_config import PLUGIN_FIELDS, import_paths, read_run_config
 from tracerl.train.runfolder import RunFolderError, RunLock, check_run_folder
+from helpers_cli import invoke, one_line
 
 SECRET = "SECRET-CONTENT of someone else's file\n"
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
@@ -61,19 +60,6 @@ def sentinel(tmp_path: Path) -> Path:
 
 def untouched(path: Path) -> bool:
     return path.read_text() == SECRET and path.stat().st_mtime_ns == 1_000_000_000
-
-
-def invoke(*args: str):  # noqa: ANN201 - click's Result
-    return CliRunner().invoke(app, list(args))
-
-
-def one_line(result, *needles: str) -> str:  # noqa: ANN001
-    assert result.exit_code == 1, (result.output, result.exception)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 # --- item 1: a .lock that is a link ------------------------------------------------------
