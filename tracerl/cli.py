@@ -8,7 +8,9 @@ any failure. The decision is :func:`tracerl.errors.one_line`.
 
 from __future__ import annotations
 
+import faulthandler
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -61,7 +63,22 @@ def main(args: list[str] | None = None) -> None:
 
     Typer prints a usage error as a framed panel of several lines; a script or CI log reads
     one line better: ``tracerl train: No such option: --stpes (see tracerl train --help)``, exit 2.
+
+    A copy started by torchrun (``WORLD_SIZE`` > 1) leaves through
+    :func:`tracerl.train.launch.leave_rank` once its command has returned.
     """
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from tracerl.train.launch import leave_rank
+
+        faulthandler.enable()  # a rank that aborts prints every thread's Python stack
+        try:
+            _run_app(args)
+        except SystemExit as done:
+            leave_rank(done.code)
+    _run_app(args)
+
+
+def _run_app(args: list[str] | None) -> None:
     try:
         code = app(args=args, prog_name="tracerl", standalone_mode=False)
     except _click_errors.UsageError as err:

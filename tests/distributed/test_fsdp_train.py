@@ -57,13 +57,13 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-def _assert_same_step(ours: Path, theirs: Path, step: int, atol: float = 1e-5) -> None:
+def _assert_same_step(ours: Path, theirs: Path, step: int, atol: float = 1e-5, rel: float = 0.0) -> None:
     a, b = _metrics(ours)[step - 1], _metrics(theirs)[step - 1]
     assert a["step"] == b["step"] == step
     for key in ("reward_mean", "generated_tokens", "trained_tokens"):
         assert a[key] == b[key], key
     for key in ("loss", "kl", "grad_norm", "clip_fraction", "lr"):
-        assert a[key] == pytest.approx(b[key], abs=atol), key
+        assert a[key] == pytest.approx(b[key], rel=rel, abs=atol), key
     wa, wb = _weights(ours, step), _weights(theirs, step)
     assert wa.keys() == wb.keys()
     for name in wa:
@@ -75,8 +75,9 @@ def test_two_ranks_train_as_one_process(two_ranks: Path, tmp_path: Path) -> None
     _tracerl(*SMOKE, "--out", str(one))
     assert (two_ranks / "ckpt-000003" / "dcp" / ".metadata").is_file()
     assert not (one / "ckpt-000003" / "dcp").exists()
-    for step in (1, 2, 3):
-        _assert_same_step(two_ranks, one, step)
+    for step in (1, 2, 3):  # float32 sums in another order: the KL (a small difference of log-probs) and
+        # the gradient norm it enters differ by up to ~7e-6 relative on some CPUs (a wrong normaliser: 2x)
+        _assert_same_step(two_ranks, one, step, rel=1e-4)
     assert _metrics(one)[2]["kl"] > 0  # the KL term ran (policy and sharded reference differ after step 1)
 
 

@@ -46,6 +46,23 @@ def test_relaunch_drops_nproc_for_torchrun() -> None:
     assert without_nproc(["train", "--nproc=4", "--resume", "r"]) == ["train", "--resume", "r"]
 
 
+LEAVE = ("import atexit, sys; from tracerl.train.launch import leave_rank\n"
+         "atexit.register(lambda: print('atexit ran', flush=True))\n"
+         "class Finaliser:\n"
+         "    def __del__(self): print('finalised')\n"
+         "kept = Finaliser()\n"
+         "sys.stdout.write('unflushed'); leave_rank({code!r})")
+
+
+@pytest.mark.parametrize("code, rc", [(None, 0), (3, 3), ("stopped: why", 1)])
+def test_a_rank_leaves_after_atexit_without_finalising(code: object, rc: int) -> None:
+    done = subprocess.run([sys.executable, "-c", LEAVE.format(code=code)], capture_output=True, text=True,
+                          timeout=60, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == rc
+    assert done.stdout == "unflushedatexit ran\n"  # the module-level object is never finalised
+    assert done.stderr == ("stopped: why\n" if isinstance(code, str) else "")
+
+
 DIST_MODULES = ("torch.distributed.checkpoint", "torch.distributed.fsdp", "torch.distributed.tensor", "ray",
                 "tracerl.train.dist_update", "tracerl.train.dist_trainer", "tracerl.train.dist_checkpoint",
                 "tracerl.train.distributed")

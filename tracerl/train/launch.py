@@ -7,10 +7,12 @@ here: the one-process path never loads it.
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from tracerl.train.config import TrainConfig, resolve_config
 from tracerl.train.dist_config import CheckpointStateError
@@ -32,6 +34,24 @@ def relaunch(nproc: int, argv: list[str]) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", "tracerl.cli", *without_nproc(argv)]
     return subprocess.run(cmd, check=False).returncode
+
+
+def leave_rank(code: int | str | None) -> NoReturn:
+    """End a torchrun-launched copy: the ``atexit`` handlers run and the streams are flushed while
+    the interpreter is whole, then the process exits without finalising it.
+
+    The process group is destroyed by then (the Trainer's and the serving ranks' ``close``), but
+    gloo's C++ threads and objects can outlive it; when interpreter finalisation tears down a
+    tensor they still reference, the thread that takes the GIL is killed and the rank aborts
+    ("terminate called without an active exception", exit -6) after a run that succeeded.
+    """
+    if isinstance(code, str):  # sys.exit("message")
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code or 0)
 
 
 def without_nproc(argv: list[str]) -> list[str]:
