@@ -248,7 +248,7 @@ def build_parts(config: Any) -> TraceParts:
     section = config.get("tracerl", None)
     if section is None:
         raise UserError("TraceAgentLoopManager needs a `tracerl` section: +tracerl.config_file=PATH (a tracerl YAML)")
-    cfg = resolve_config(str(section.get("preset", "default")), config_file=section.get("config_file", None),
+    cfg = resolve_config(str(section.get("preset", "trace")), config_file=section.get("config_file", None),
                          overrides=[str(o) for o in section.get("overrides", [])])
     model, tokenizer = load_model(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
     model.eval()
