@@ -275,3 +275,22 @@ def test_task_from_row_reads_search_r1_rows() -> None:
     assert task_from_row({**row, "extra_info": {"question": "Q"}, "reward_model": {"ground_truth": "B"}}).question == "Q"
     with pytest.raises(UserError, match="prompt u1: reward_model.ground_truth holds no gold answer"):
         task_from_row({**row, "reward_model": {"ground_truth": {"target": []}}})
+
+
+def test_build_parts_reads_the_tracerl_section(tmp_path) -> None:
+    """The manager's tracerl side from ``config.tracerl`` (preset + overrides), as a verl run gives it."""
+    from tracerl.integrations.verl.manager import build_parts
+
+    _, _, policy = shared()
+    policy.model.save_pretrained(tmp_path / "policy")
+    policy.tokenizer.save_pretrained(tmp_path / "policy")
+    overrides = [f"model.name_or_path={tmp_path / 'policy'}", "model.format=react", "rollout.budget=8",
+                 "rollout.pool_size=4", "data.train_worlds=1"]
+    parts = build_parts(OmegaConf.create({"tracerl": {"preset": "trace", "overrides": overrides}}))
+    assert (type(parts.scheme).__name__, parts.budget) == ("TraceScheme", 8)
+    assert parts.reference is not None and parts.predictor is parts.scheme.predictor
+    assert "search" in parts.environment.tools.names
+    with pytest.raises(UserError, match="predictor.features = 'hidden': verl's servers return no hidden states"):
+        build_parts(OmegaConf.create({"tracerl": {"overrides": overrides + ["predictor.features=hidden"]}}))
+    with pytest.raises(UserError, match="needs a `tracerl` section"):
+        build_parts(OmegaConf.create({}))
