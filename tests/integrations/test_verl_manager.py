@@ -245,6 +245,23 @@ def test_predictor_state_saved_and_loaded(step, tmp_path) -> None:
         manager.parts.predictor = predictor
 
 
+def test_validation_batch_runs_val_n_chains_per_prompt(step, cluster) -> None:
+    """A validation batch (verl marks it ``validate``) after step 0: 2 chains per prompt, in the val partition."""
+    from verl.utils import tensordict_utils as tu
+
+    manager = step[0]
+    _, tq = cluster
+    w, _, _ = shared()
+    batch, uids = _batch(w.train[12:14], global_steps=0)
+    tu.assign_non_tensor_data(batch, "validate", True)
+    manager.generate_sequences(batch)
+    listing = tq.kv_list(partition_id="val")["val"]
+    keys = sorted(k for k in listing if k.split("_")[0] in uids and k not in uids)
+    assert len(keys) == 2 * len(uids) and all(listing[u]["status"] == "finished" for u in uids)
+    data = tq.kv_batch_get(keys=keys, partition_id="val", select_fields=["rm_scores", "tracerl_reward"])
+    assert [float(r.sum()) for r in data["rm_scores"]] == [float(r) for r in data["tracerl_reward"]]
+
+
 def test_a_server_on_other_weights_is_refused_in_one_line(step, cluster) -> None:
     """A batch of step 3 needs the weights of step 2; the servers report 0: refused, prompts marked failed."""
     manager, _, _, _, _ = step
