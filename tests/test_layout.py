@@ -4,7 +4,9 @@ Rooms, lowest first: ``core`` (pure math and the protocol records); ``models`` a
 over it; ``agent`` (formats render environments' observations); ``testbed`` (the tiny model, its
 data and pretraining); ``rollout`` (execution: engine, executors, evaluation); ``train``; ``cli``.
 ``allocation`` is the planning wing: schemes, the session, the TRACE planner, the predictor, on
-``core`` only, so a distributed driver plans without loading model code.
+``core`` only, so a distributed driver plans without loading model code. ``integrations`` (tracerl
+inside another framework: verl's rollout manager composes the session, the executor, the engine and
+the run's config) sits at the top beside ``cli``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ BELOW = {
     "rollout": {"core", "models", "envs", "agent", "testbed"},
     "train": {"core", "models", "envs", "agent", "testbed", "rollout", "allocation"},
     "cli": {"core", "models", "envs", "agent", "testbed", "rollout", "allocation", "train"},
-    "integrations": {"core"},
+    "integrations": {"core", "models", "envs", "agent", "testbed", "rollout", "allocation", "train"},
 }
 """What each room may import besides itself, ``tracerl.errors`` and ``tracerl.progress`` (dependency-free
 bottom modules); lazy imports included."""

@@ -6,7 +6,10 @@
 * :mod:`.trainer`: the ``tracerl_sync`` trainer, verl's sync trainer whose advantage step hands
   the tree fields to the estimator;
 * :mod:`.plugin`: the ``verl.plugins`` entry point that registers both on ``import verl``;
-* :mod:`.check`: the start-up check, because verl hides plug-in import errors.
+* :mod:`.check`: the start-up check, because verl hides plug-in import errors;
+* :mod:`.server_policy`: ``VerlServerPolicy``, a tracerl policy backend over verl's ``LLMServerClient``;
+* :mod:`.leaves`: tree leaves as TransferQueue samples, each with its own reward;
+* :mod:`.manager`: ``TraceAgentLoopManager``, TRACE as verl's ``agent_loop_manager_class``.
 
 This package's ``__init__`` imports nothing, so :mod:`.rows` stays usable without verl.
 """

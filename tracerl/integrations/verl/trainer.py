@@ -6,10 +6,15 @@ with four arguments, so this trainer reads the tree fields (:data:`~.rows.TREE_F
 same keys and opens :func:`~.estimators.tree_fields` around verl's own step; everything else is
 verl's. verl reads the registered name as its trainer mode and tests it against ``"sync"`` in
 several places, so the trainer sets its mode back to ``sync`` before the replay buffer is built.
+
+With :class:`~.manager.TraceAgentLoopManager` (any manager with ``save_state`` / ``load_state``),
+the manager's state (the success predictor) is saved in verl's ``global_step_{n}/`` folder with
+every checkpoint and loaded from the folder verl resumes from.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import transfer_queue as tq
@@ -26,6 +31,14 @@ def _column(values: Any) -> Any:
     return object_array(values.tolist() if hasattr(values, "tolist") else list(values))
 
 
+def step_folder(trainer: Any, global_steps: int, resuming: bool = False) -> str:
+    """verl's checkpoint folder of step ``global_steps`` (``resume_from_path`` when resuming from one)."""
+    if resuming and trainer.get("resume_mode", "auto") == "resume_path" and trainer.get("resume_from_path"):
+        return str(trainer.resume_from_path)
+    root = str(trainer.default_local_dir)
+    return os.path.join(root if os.path.isabs(root) else os.path.join(os.getcwd(), root), f"global_step_{global_steps}")
+
+
 @register_trainer(TRAINER_NAME)
 class TraceSyncTrainer(PPOTrainerSync):
     """verl's sync trainer; ``algorithm.adv_estimator=tracerl_trace_credit`` (or
@@ -38,6 +51,23 @@ class TraceSyncTrainer(PPOTrainerSync):
     def _build_replay_buffer(self) -> Any:
         self.trainer_mode = "sync"  # verl compares the mode with "sync"; this trainer is sync
         return super()._build_replay_buffer()
+
+    def _load_checkpoint(self) -> Any:
+        out = super()._load_checkpoint()
+        self._tracerl_resume = step_folder(self.config.trainer, self.global_steps, resuming=True) if self.global_steps > 0 else None
+        return out
+
+    def fit(self, agent_loop_manager: Any) -> Any:
+        resume = getattr(self, "_tracerl_resume", None)
+        if resume is not None and callable(getattr(agent_loop_manager, "load_state", None)):
+            agent_loop_manager.load_state(resume)
+        return super().fit(agent_loop_manager)
+
+    def _save_checkpoint(self) -> Any:
+        out = super()._save_checkpoint()
+        if callable(getattr(self.agent_loop_manager, "save_state", None)):
+            self.agent_loop_manager.save_state(step_folder(self.config.trainer, self.global_steps))
+        return out
 
     def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
         if self.config.algorithm.adv_estimator not in ESTIMATOR_NAMES:

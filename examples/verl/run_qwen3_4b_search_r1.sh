@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# TRACE inside verl 0.9.1: Qwen3-4B on Search-R1-style data, one node with 8 GPUs.
+# NOT run by the project (no GPU machine with vLLM here): this is the command a GPU user runs.
+#
+# Before: pip install -e '.[verl]' plus verl's GPU stack (vllm, flash-attn) on the GPU machine;
+#   verl's examples/data_preprocess/preprocess_search_r1_dataset.py (from a verl 0.9.1 checkout)
+#   -> $DATA/train.parquet, $DATA/test.parquet (prompt, reward_model.ground_truth.target, extra_info);
+#   tracerl data convert ... -> data/search_r1/{tasks,corpus}.jsonl (the corpus the search tool reads;
+#   the parquet's questions are what the manager trains on).
+set -euo pipefail
+MODEL=${MODEL:-Qwen/Qwen3-4B}
+DATA=${DATA:-$HOME/data/searchR1}
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+python3 -m verl.trainer.main_ppo \
+  data.train_files="$DATA/train.parquet" \
+  data.val_files="$DATA/test.parquet" \
+  data.train_batch_size=64 \
+  data.max_prompt_length=1024 \
+  data.max_response_length=3072 \
+  actor_rollout_ref.model.path="$MODEL" \
+  actor_rollout_ref.rollout.name=vllm \
+  actor_rollout_ref.rollout.n=1 \
+  actor_rollout_ref.rollout.calculate_log_probs=True \
+  actor_rollout_ref.rollout.temperature=1.0 \
+  actor_rollout_ref.rollout.val_kwargs.n=1 \
+  actor_rollout_ref.rollout.val_kwargs.temperature=0.0 \
+  +actor_rollout_ref.rollout.agent.agent_loop_manager_class=tracerl.integrations.verl.manager.TraceAgentLoopManager \
+  actor_rollout_ref.actor.ppo_mini_batch_size=64 \
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \
+  actor_rollout_ref.actor.use_kl_loss=False \
+  algorithm.adv_estimator=tracerl_trace_credit \
+  algorithm.use_kl_in_reward=False \
+  +algorithm.tracerl.w_turn=0.2 \
+  reward.reward_model.enable=False \
+  trainer.v1.trainer_mode=tracerl_sync \
+  +tracerl.preset=trace \
+  +tracerl.config_file="$HERE/qwen3_4b_search_r1.yaml" \
+  trainer.n_gpus_per_node=8 \
+  trainer.nnodes=1 \
+  trainer.save_freq=20 \
+  trainer.test_freq=20 \
+  trainer.total_epochs=1 \
+  trainer.logger='[console]' \
+  "$@"

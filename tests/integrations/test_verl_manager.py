@@ -1,0 +1,313 @@
+"""The TRACE rollout manager inside verl 0.9.1 (run with `make test-verl`; skipped where verl is
+missing): verl's real `LLMServerClient` and router in front of 2 Ray server actors serving
+tracerl's HF backend on the tiny model (`verl_servers.HFServer`), TransferQueue on a local Ray
+cluster. The manager's trees equal tracerl's own `LocalExecutor` trees on the same seed, every
+request of a tree reaches one server, the step spends exactly the budget, and every leaf sits in
+TransferQueue with its own reward, read back with TransferQueue's API."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("verl")
+pytestmark = pytest.mark.verl
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "allocation"))
+sys.path.insert(0, str(HERE))
+from alloc_world import lucky_verifier, make_engine, shared  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from tracerl.agent.formats import get_format  # noqa: E402
+from tracerl.allocation.predictor import SuccessPredictor  # noqa: E402
+from tracerl.allocation.schemes import SchemeConfig, get_scheme  # noqa: E402
+from tracerl.allocation.session import RolloutSession  # noqa: E402
+from tracerl.core.advantages import AdvantageBatch, AdvantageOptions, get_estimator  # noqa: E402
+from tracerl.core.seeds import derive_seed  # noqa: E402
+from tracerl.core.types import Task  # noqa: E402
+from tracerl.errors import UserError  # noqa: E402
+from tracerl.integrations.verl.rows import TREE_FIELDS, object_array, pad_rows, rows_from_trees  # noqa: E402
+from tracerl.models.scoring import ReferenceScorer  # noqa: E402
+from tracerl.rollout.executor import LocalExecutor, VersionError  # noqa: E402
+
+BUDGET, SEED, GROUP = 24, 5, 4
+CONFIG = OmegaConf.create({
+    "actor_rollout_ref": {"rollout": {"name": "vllm", "val_kwargs": {"n": 2, "temperature": 1.0}}},
+    "reward": {"reward_model": {"enable": False}},
+})
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray cluster (8 logical CPUs: TransferQueue hangs with 2) and TransferQueue."""
+    import ray
+    import transfer_queue as tq
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}})
+    tq.init()
+    yield ray, tq
+    tq.close()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def servers(cluster):
+    """verl's real router (``get_router_handle``) and ``LLMServerClient`` over 2 HF server actors."""
+    from verl_servers import HFServer
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.router import get_router_handle
+
+    ray, _ = cluster
+    _, _, policy = shared()
+    actor = ray.remote(HFServer)
+    weights = ray.put((policy.model, policy.tokenizer))
+    handles = {f"server-{i}": actor.remote(*ray.get(weights), f"server-{i}", 0) for i in range(2)}
+    client = LLMServerClient(config=CONFIG, load_balancer_handle=get_router_handle(handles))
+    return client, handles
+
+
+def _scheme() -> object:
+    return get_scheme("trace", SchemeConfig(group_size=GROUP), predictor=SuccessPredictor(), score=True)
+
+
+def _parts():
+    from tracerl.integrations.verl.manager import TraceParts
+
+    w, env, policy = shared()
+    fmt = get_format("react")
+    engine = make_engine(policy, env).config
+    scheme = _scheme()
+    return TraceParts(policy.tokenizer, fmt, env, lucky_verifier, engine, scheme, BUDGET, scheme.predictor,
+                      ReferenceScorer(policy.model, policy.tokenizer, fmt), SEED)
+
+
+def _batch(tasks, global_steps: int):
+    """A prompt batch as verl's trainer builds it (``get_tensordict`` of the dataloader's dict)."""
+    from verl.utils import tensordict_utils as tu
+
+    uids = [str(uuid.uuid4()) for _ in tasks]
+    batch = tu.get_tensordict({
+        "raw_prompt": object_array([[{"role": "user", "content": t.question}] for t in tasks]),
+        "reward_model": object_array([{"ground_truth": {"target": list(t.answers)}} for t in tasks]),
+        "data_source": np.array(["synthwiki"] * len(tasks), dtype=object),
+        "uid": np.array(uids, dtype=object),
+    })
+    tu.assign_non_tensor_data(batch, "global_steps", global_steps)
+    return batch, uids
+
+
+def _reference_trees(tasks, global_steps: int):
+    """tracerl's own LocalExecutor over the plain HFPolicy, the manager's step seed."""
+    _, env, policy = shared()
+    engine = make_engine(policy, env)
+    scorer = ReferenceScorer(policy.model, policy.tokenizer, engine.fmt)
+    session = RolloutSession(LocalExecutor(engine, scorer.score_nodes), seed=derive_seed(SEED, "verl_step", global_steps))
+    result = _scheme().collect(session, list(tasks), BUDGET)
+    session.score(result.trees)
+    return result
+
+
+@pytest.fixture(scope="module")
+def step(cluster, servers):
+    """One manager step on a registered prompt batch; what TransferQueue and the servers hold after it."""
+    from tracerl.integrations.verl.manager import TraceAgentLoopManager
+
+    _, tq = cluster
+    client, handles = servers
+    w, _, _ = shared()
+    tasks = w.train[:8]
+    manager = TraceAgentLoopManager(CONFIG, client, parts=_parts())
+    batch, uids = _batch(tasks, global_steps=1)  # step 1 samples with the weights of step 0
+    tq.kv_batch_put(keys=uids, partition_id="train", tags=[{"is_prompt": True, "status": "pending", "global_steps": 1}] * len(uids))
+    for h in handles.values():
+        h.take_requests.remote()
+    manager.generate_sequences(batch)
+    tasks = [Task(id=u, question=t.question, answers=t.answers) for u, t in zip(uids, tasks, strict=True)]  # as read
+    requests = {name: cluster[0].get(h.take_requests.remote()) for name, h in handles.items()}
+    return manager, tasks, uids, requests, tq.kv_list(partition_id="train")["train"]
+
+
+def _same_trees(got, want) -> None:
+    assert [t.tree_id for t in got] == [t.tree_id for t in want]
+    for a, b in zip(got, want, strict=True):
+        assert a.prompt_ids == b.prompt_ids
+        assert [(n.parent, n.turn.assistant_ids if n.turn else None, n.turn.observation_ids if n.turn else None)
+                for n in a.nodes] == [(n.parent, n.turn.assistant_ids if n.turn else None,
+                                       n.turn.observation_ids if n.turn else None) for n in b.nodes]
+        assert sorted(a.trajectories) == sorted(b.trajectories)
+        for leaf, ta in a.trajectories.items():
+            tb = b.trajectories[leaf]
+            assert (ta.token_ids, ta.reward, ta.node_path, ta.infra_failed) == (tb.token_ids, tb.reward, tb.node_path,
+                                                                                tb.infra_failed)
+            assert np.allclose(ta.old_logprobs, tb.old_logprobs, atol=1e-5)
+            assert ta.readiness is not None and np.allclose(ta.readiness, tb.readiness, atol=1e-5)
+
+
+def test_manager_trees_equal_tracerls_local_executor(step) -> None:
+    manager, tasks, _, _, _ = step
+    want = _reference_trees(tasks, global_steps=1)
+    assert want.cost.rollouts == BUDGET
+    assert sum(len(t.trajectories) for t in manager.last_trees) == BUDGET  # one leaf per rollout
+    _same_trees(manager.last_trees, want.trees)
+    assert len({t.reward for tree in want.trees for t in tree.trajectories.values()}) == 2  # mixed outcomes
+
+
+def test_every_request_of_a_tree_reached_one_server(step) -> None:
+    manager, _, _, requests, _ = step
+    trees = manager.last_trees
+    owners: dict[str, set[str]] = {t.tree_id: set() for t in trees}
+    for name, prompts in requests.items():
+        for ids in prompts:
+            hits = [t.tree_id for t in trees if ids[: len(t.prompt_ids)] == t.prompt_ids]
+            assert len(hits) == 1, "each request's prefix starts with exactly one tree's prompt"
+            owners[hits[0]].add(name)
+    assert sum(len(p) for p in requests.values()) == manager.policy.stats["server_requests"]
+    assert all(len(names) == 1 for names in owners.values()), owners
+    assert {n for names in owners.values() for n in names} == set(requests)  # both servers served trees
+
+
+def test_leaves_in_transfer_queue_carry_their_own_rewards(step, cluster) -> None:
+    manager, _, uids, _, listing = step
+    _, tq = cluster
+    assert all(listing[u]["status"] == "finished" and listing[u]["is_prompt"] for u in uids)
+    keys = sorted(k for k in listing if not listing[k].get("is_prompt", False))
+    assert len(keys) == BUDGET and all(k.split("_")[0] in uids for k in keys)
+    data = tq.kv_batch_get(keys=keys, partition_id="train",
+                           select_fields=["rm_scores", "responses", "response_mask", "rollout_log_probs", "uid"]
+                           + list(TREE_FIELDS))
+    leaves = {(t.tree_id, t.node_path[-1]): t for tree in manager.last_trees for t in tree.trajectories.values()}
+    by_tree: dict[str, set[float]] = {}
+    for i, key in enumerate(keys):
+        traj = leaves[(data["tracerl_tree_id"][i], list(data["tracerl_node_path"][i])[-1])]
+        p = len(traj.prompt_ids)
+        assert data["responses"][i].tolist() == traj.token_ids[p:]
+        assert data["response_mask"][i].tolist() == [int(s) for s in traj.sampled[p:]]
+        assert data["rollout_log_probs"][i].tolist() == pytest.approx(traj.old_logprobs[p:])
+        assert float(data["rm_scores"][i].sum()) == traj.reward == float(data["tracerl_reward"][i])
+        assert data["uid"][i] == key.split("_")[0] == traj.task_id
+        by_tree.setdefault(traj.tree_id, set()).add(traj.reward)
+    assert any(len(r) == 2 for r in by_tree.values())  # a tree's leaves differ: not the last leaf's reward copied
+
+
+def test_trainer_advantage_step_on_the_managers_leaves(step, cluster) -> None:
+    """tracerl_sync's advantage step on what the manager wrote: exactly tracerl's trace_credit."""
+    from transfer_queue.metadata import KVBatchMeta
+
+    from tracerl.integrations.verl.trainer import TraceSyncTrainer
+
+    manager, _, _, _, listing = step
+    _, tq = cluster
+    keys = sorted(k for k in listing if not listing[k].get("is_prompt", False))
+    trainer = object.__new__(TraceSyncTrainer)  # the advantage step reads only the config and TQ
+    trainer.config = OmegaConf.create({
+        "algorithm": {"adv_estimator": "tracerl_trace_credit", "use_kl_in_reward": False, "gamma": 1.0, "lam": 1.0},
+        "actor_rollout_ref": {"rollout": {"n": 1}},
+    })
+    trainer._compute_advantage(KVBatchMeta(keys=keys, tags=[listing[k] for k in keys], partition_id="train"), {})
+    got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages", "tracerl_tree_id",
+                                                                          "tracerl_node_path"])
+    leaves = {(t.tree_id, t.node_path[-1]): t for tree in manager.last_trees for t in tree.trajectories.values()}
+    order = [leaves[(got["tracerl_tree_id"][i], list(got["tracerl_node_path"][i])[-1])] for i in range(len(keys))]
+    trees = {t.tree_id: t for t in manager.last_trees}
+    want = get_estimator("trace_credit")(AdvantageBatch(order, trees), AdvantageOptions())
+    width = max(len(t.token_ids) - len(t.prompt_ids) for t in order)
+    want = pad_rows([a[len(t.prompt_ids):] for t, a in zip(order, want, strict=True)], width)
+    adv = got["advantages"]
+    adv = adv.to_padded_tensor(0.0) if adv.is_nested else adv
+    assert torch.equal(adv, want[:, : adv.shape[1]]) and bool((want != 0).any())
+    assert rows_from_trees(manager.last_trees).response_mask.shape[0] == BUDGET
+
+
+def test_predictor_state_saved_and_loaded(step, tmp_path) -> None:
+    manager = step[0]
+    predictor = manager.parts.predictor
+    assert predictor.updates > 0  # the step's trees trained it
+    manager.save_state(tmp_path)
+    fresh = SuccessPredictor()
+    manager.parts.predictor = fresh
+    try:
+        manager.load_state(tmp_path)
+        assert fresh.updates == predictor.updates
+        for a, b in zip(fresh.state_dict()["model"].values(), predictor.state_dict()["model"].values(), strict=True):
+            assert torch.equal(a, b)
+        with pytest.raises(UserError, match="no tracerl predictor state"):
+            manager.load_state(tmp_path / "elsewhere")
+    finally:
+        manager.parts.predictor = predictor
+
+
+def test_validation_batch_runs_val_n_chains_per_prompt(step, cluster) -> None:
+    """A validation batch (verl marks it ``validate``) after step 0: 2 chains per prompt, in the val partition."""
+    from verl.utils import tensordict_utils as tu
+
+    manager = step[0]
+    _, tq = cluster
+    w, _, _ = shared()
+    batch, uids = _batch(w.train[12:14], global_steps=0)
+    tu.assign_non_tensor_data(batch, "validate", True)
+    manager.generate_sequences(batch)
+    listing = tq.kv_list(partition_id="val")["val"]
+    keys = sorted(k for k in listing if k.split("_")[0] in uids and k not in uids)
+    assert len(keys) == 2 * len(uids) and all(listing[u]["status"] == "finished" for u in uids)
+    data = tq.kv_batch_get(keys=keys, partition_id="val", select_fields=["rm_scores", "tracerl_reward"])
+    assert [float(r.sum()) for r in data["rm_scores"]] == [float(r) for r in data["tracerl_reward"]]
+
+
+def test_a_server_on_other_weights_is_refused_in_one_line(step, cluster) -> None:
+    """A batch of step 3 needs the weights of step 2; the servers report 0: refused, prompts marked failed."""
+    manager, _, _, _, _ = step
+    _, tq = cluster
+    w, _, _ = shared()
+    batch, uids = _batch(w.train[8:12], global_steps=3)
+    with pytest.raises(VersionError, match=r"the verl server reports weights step 0; this rollout needs version 2"):
+        manager.generate_sequences(batch)
+    listing = tq.kv_list(partition_id="train")["train"]
+    assert all(listing[u]["status"] == "failure" for u in uids)
+
+
+def test_reward_model_setting_is_refused(servers) -> None:
+    from tracerl.integrations.verl.manager import TraceAgentLoopManager
+
+    bad = OmegaConf.merge(CONFIG, {"reward": {"reward_model": {"enable": True}}})
+    with pytest.raises(UserError, match=r"reward\.reward_model\.enable=True: verl would score the samples itself"):
+        TraceAgentLoopManager(bad, servers[0], parts=_parts())
+
+
+def test_task_from_row_reads_search_r1_rows() -> None:
+    from tracerl.integrations.verl.manager import task_from_row
+
+    row = {"uid": "u1", "raw_prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "Who?"}],
+           "reward_model": {"style": "rule", "ground_truth": {"target": ["Ann", "Anne"]}}, "extra_info": {}}
+    task = task_from_row(row)
+    assert (task.id, task.question, task.answers) == ("u1", "Who?", ("Ann", "Anne"))
+    assert task_from_row({**row, "extra_info": {"question": "Q"}, "reward_model": {"ground_truth": "B"}}).question == "Q"
+    with pytest.raises(UserError, match="prompt u1: reward_model.ground_truth holds no gold answer"):
+        task_from_row({**row, "reward_model": {"ground_truth": {"target": []}}})
+
+
+def test_build_parts_reads_the_tracerl_section(tmp_path) -> None:
+    """The manager's tracerl side from ``config.tracerl`` (preset + overrides), as a verl run gives it."""
+    from tracerl.integrations.verl.manager import build_parts
+
+    _, _, policy = shared()
+    policy.model.save_pretrained(tmp_path / "policy")
+    policy.tokenizer.save_pretrained(tmp_path / "policy")
+    overrides = [f"model.name_or_path={tmp_path / 'policy'}", "model.format=react", "rollout.budget=8",
+                 "rollout.pool_size=4", "data.train_worlds=1"]
+    parts = build_parts(OmegaConf.create({"tracerl": {"preset": "trace", "overrides": overrides}}))
+    assert (type(parts.scheme).__name__, parts.budget) == ("TraceScheme", 8)
+    assert parts.reference is not None and parts.predictor is parts.scheme.predictor
+    assert "search" in parts.environment.tools.names
+    with pytest.raises(UserError, match="predictor.features = 'hidden': verl's servers return no hidden states"):
+        build_parts(OmegaConf.create({"tracerl": {"overrides": overrides + ["predictor.features=hidden"]}}))
+    with pytest.raises(UserError, match="needs a `tracerl` section"):
+        build_parts(OmegaConf.create({}))

@@ -1,0 +1,48 @@
+"""A stand-in for verl's vLLM server on CPU: a Ray actor serving verl's server ``generate``
+signature (``prompt_ids``, ``sampling_params`` as vLLM reads them, ``request_id``) from tracerl's
+:class:`~tracerl.models.backend.HFPolicy`, answering with verl's ``TokenOutput`` and the weights
+step it holds (``extra_fields["global_steps"]``, as verl's server reports it). It logs every
+request's prompt ids, so a test can tell which server each tree reached.
+
+verl's real ``LLMServerClient`` and router sit in front of it; only the inference engine is
+tracerl's (no vLLM on this machine)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from verl.workers.rollout.replica import TokenOutput
+
+from tracerl.models.backend import HFPolicy, SamplingParams
+
+
+class HFServer:
+    """``generate`` of verl's vLLM server over one :class:`HFPolicy` (one row per request)."""
+
+    def __init__(self, model: Any, tokenizer: Any, name: str, global_steps: int | None = 0) -> None:
+        torch.set_num_threads(1)
+        self.policy = HFPolicy(model, tokenizer)
+        self.name = name
+        self.global_steps = global_steps
+        self.requests: list[list[int]] = []
+
+    def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str,
+                 image_data: Any = None, video_data: Any = None, **_: Any) -> TokenOutput:
+        sp = dict(sampling_params)
+        if sp.get("include_stop_str_in_output") is not True:
+            raise ValueError("include_stop_str_in_output must be True (tracerl trains on stop tokens)")
+        params = SamplingParams(max_new_tokens=int(sp["max_tokens"]), temperature=float(sp["temperature"]),
+                                top_p=float(sp["top_p"]), stop_strings=tuple(sp.get("stop") or ()))
+        seed = sp.get("seed")
+        gen = self.policy.generate([list(prompt_ids)], params, None if seed is None else [int(seed)])[0]
+        self.requests.append(list(prompt_ids))
+        return TokenOutput(token_ids=gen.token_ids, log_probs=gen.logprobs if sp.get("logprobs") else None,
+                           stop_reason="completed", extra_fields={"global_steps": self.global_steps})
+
+    def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    def take_requests(self) -> list[list[int]]:
+        out, self.requests = self.requests, []
+        return out

@@ -1,0 +1,82 @@
+"""Tree leaves as verl 0.9.1 TransferQueue samples, each with its own reward.
+
+verl's own agent loop stores one sample per agent-loop output under the key
+``{uid}_{session}_{index}`` (the replay buffer reads the prompt's ``uid`` back as the text before
+the first ``_``) with unpadded per-sample tensors and tags; a list of outputs from one session is
+one trajectory cut into segments, and verl copies the last output's reward onto the others.
+Tree leaves do not go that way: each leaf is its own sample, key ``{uid}_{tree}_{leaf}``, with
+
+* verl's fields: ``prompts``, ``responses``, ``response_mask`` (= ``loss_mask``: 1 on sampled
+  tokens), ``input_ids``, ``attention_mask``, ``position_ids``, ``rollout_log_probs`` (the
+  sampling-time log-probs, 0 on observations), ``rm_scores`` (the leaf's verifier reward on its
+  last sampled token), ``num_turns``, ``extra_fields``, and the prompt row's own fields;
+* tracerl's tree fields (:data:`~tracerl.integrations.verl.rows.TREE_FIELDS`), which the
+  ``tracerl_sync`` trainer hands to the estimator;
+* tags as verl's: ``status``, lengths, ``global_steps`` and ``min/max_global_steps`` (the weights
+  step the leaf was sampled under).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from tracerl.core.types import RolloutTree, Trajectory
+from tracerl.integrations.verl.rows import TREE_FIELDS, rows_from_trees
+
+OWN_FIELDS = ("prompts", "responses", "response_mask", "loss_mask", "input_ids", "attention_mask", "position_ids",
+              "rollout_log_probs", "rm_scores", "uid", "num_turns", "extra_fields") + TREE_FIELDS
+"""The fields a leaf sets itself (a prompt row's field of the same name is not copied)."""
+
+
+def num_turns(traj: Trajectory) -> int:
+    """verl's count of chat turns: the prompt, each assistant turn and each tool observation."""
+    return 1 + sum(1 + bool(t.observation_ids) for t in traj.turns)
+
+
+def leaf_samples(
+    trees: Sequence[RolloutTree], uid_of_task: Mapping[str, str], rows: Mapping[str, Mapping[str, Any]],
+    global_steps: int, version: int,
+) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Keys, fields and tags of every leaf of ``trees`` (module docstring).
+
+    Args:
+        trees: the step's trees (one per task in TRACE).
+        uid_of_task: verl's prompt ``uid`` of each task id (the trees' ``task_id``).
+        rows: each uid's prompt row (its other fields ride along, as verl's agent loop does).
+        global_steps: the trainer step of the batch; ``version`` the weights step sampled under.
+    """
+    order = {tree.tree_id: j for j, tree in enumerate(trees)}
+    table = rows_from_trees(trees)
+    keys, fields, tags = [], [], []
+    seen: dict[str, int] = {}
+    for i, traj in enumerate(table.trajectories):
+        uid = uid_of_task[traj.task_id]
+        if "_" in uid:
+            raise ValueError(f"uid {uid!r}: verl's replay buffer reads the uid before the first '_' of a key")
+        leaf = seen.setdefault(traj.tree_id, 0)
+        seen[traj.tree_id] = leaf + 1
+        p = len(traj.prompt_ids)
+        prompts = torch.tensor(traj.prompt_ids, dtype=torch.int64)
+        responses = torch.tensor(traj.token_ids[p:], dtype=torch.int64)
+        mask = torch.tensor(traj.sampled[p:], dtype=torch.int64)
+        input_ids = torch.cat([prompts, responses])
+        field: dict[str, Any] = {k: v for k, v in rows.get(uid, {}).items() if k not in OWN_FIELDS}
+        field.update({
+            "prompts": prompts, "responses": responses, "response_mask": mask, "loss_mask": mask.clone(),
+            "input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
+            "position_ids": torch.arange(input_ids.numel(), dtype=torch.int64),
+            "rollout_log_probs": torch.tensor(traj.old_logprobs[p:], dtype=torch.float32),
+            "rm_scores": table.token_level_rewards[i, : responses.numel()].clone(),
+            "uid": uid, "num_turns": num_turns(traj),
+            "extra_fields": {"min_global_steps": version, "max_global_steps": version, "reward_extra_info": {}},
+        })
+        field.update({name: table.non_tensor[name][i] for name in TREE_FIELDS})
+        keys.append(f"{uid}_{order[traj.tree_id]}_{leaf}")
+        fields.append(field)
+        tags.append({"status": "success", "prompt_len": p, "response_len": responses.numel(),
+                     "seq_len": input_ids.numel(), "global_steps": global_steps,
+                     "min_global_steps": version, "max_global_steps": version})
+    return keys, fields, tags

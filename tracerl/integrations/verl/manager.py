@@ -1,0 +1,268 @@
+"""``TraceAgentLoopManager``: TRACE as verl 0.9.1's rollout driver
+(``actor_rollout_ref.rollout.agent.agent_loop_manager_class``).
+
+verl's v1 trainer registers each prompt of a batch in TransferQueue (key = its ``uid``, tag
+``is_prompt``/``pending``), calls ``generate_sequences(batch)`` and then waits in its replay
+buffer until every prompt's tag says ``finished``; it trains on the samples whose keys start with
+``{uid}_``. This manager, in the trainer's process:
+
+1. reads the tasks from the batch (:func:`task_from_row`: question, gold answers, ``uid``);
+2. plans with tracerl's TRACE scheme and success predictor (a :class:`RolloutSession` on a
+   :class:`LocalExecutor` whose engine samples through :class:`VerlServerPolicy` over verl's
+   ``LLMServerClient``: request id = tree id, per-row seeds, stop strings, log-probs, weights step
+   checked), spending exactly ``rollout.budget`` rollouts: the step's sample count;
+3. scores readiness with the frozen HF reference in this process (``ReferenceScorer``: the
+   initial policy), when TRACE credit is on;
+4. writes every leaf to TransferQueue with its own reward (:func:`~.leaves.leaf_samples`), marks
+   every prompt of the batch ``finished`` (a prompt the planner did not pick has no samples) and
+   updates the predictor on the step's trees.
+
+verl's reward step does not touch these rewards: verl scores a sample in its agent loop workers
+(not started here) or, with a colocated reward model (``reward.reward_model.enable=True`` without
+its own resource pool), in the trainer over ``rm_scores``; this manager refuses that setting, so
+``rm_scores`` stay the verifier's and the estimators read ``tracerl_reward`` anyway.
+
+Validation batches (``validate``) run ``val_kwargs.n`` chains per prompt at ``val_kwargs.temperature``.
+The predictor's state is saved beside verl's checkpoint (:meth:`TraceAgentLoopManager.save_state`,
+called by the ``tracerl_sync`` trainer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transfer_queue as tq
+from tensordict import NonTensorData, NonTensorStack
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+from tracerl.allocation.session import RolloutSession
+from tracerl.core.seeds import derive_seed
+from tracerl.core.types import RolloutTree, Task
+from tracerl.errors import UserError
+from tracerl.integrations.verl.check import check_registrations
+from tracerl.integrations.verl.leaves import leaf_samples
+from tracerl.integrations.verl.server_policy import VerlServerPolicy
+from tracerl.rollout.engine import EngineConfig, RolloutEngine
+from tracerl.rollout.executor import LocalExecutor
+
+PREDICTOR_FILE = "tracerl_predictor.pt"
+"""The predictor's state in a verl checkpoint folder (``global_step_{n}/``)."""
+
+
+@dataclass
+class TraceParts:
+    """What the manager plans and executes with (built by :func:`build_parts` from ``config.tracerl``)."""
+
+    tokenizer: Any
+    fmt: Any
+    environment: Any
+    verifier: Any
+    engine: EngineConfig
+    scheme: Any
+    """tracerl's rollout scheme (``trace``: its ``collect(session, pool, budget)``)."""
+    budget: int
+    """Rollouts (= leaves = verl samples) per step."""
+    predictor: Any = None
+    reference: Any = None
+    """The frozen HF ``ReferenceScorer`` (readiness, in this process); None without TRACE credit."""
+    seed: int = 0
+
+
+def _gold(reward_model: Any) -> tuple[str, ...]:
+    truth = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else reward_model
+    if isinstance(truth, Mapping):  # Search-R1: {"target": [aliases]}
+        truth = truth.get("target")
+    if isinstance(truth, str):
+        truth = [truth]
+    return tuple(str(a) for a in list(truth if truth is not None else []))
+
+
+def task_from_row(row: Mapping[str, Any]) -> Task:
+    """A batch row as a tracerl task: id = verl's ``uid``; question = ``extra_info.question`` or the
+    last user message of ``raw_prompt`` (tracerl's format renders the prompt itself); answers =
+    ``reward_model.ground_truth`` (a string, a list, or Search-R1's ``{"target": [...]}``)."""
+    uid = str(row["uid"])
+    extra = row.get("extra_info") or {}
+    question = extra.get("question") if isinstance(extra, Mapping) else None
+    if not question:
+        users = [m for m in list(row.get("raw_prompt") or []) if isinstance(m, Mapping) and m.get("role") == "user"]
+        question = users[-1].get("content") if users else None
+    if not question:
+        raise UserError(f"prompt {uid}: no question (need extra_info.question or a user message in raw_prompt)")
+    answers = _gold(row.get("reward_model"))
+    if not answers:
+        raise UserError(f"prompt {uid}: reward_model.ground_truth holds no gold answer")
+    return Task(id=uid, question=str(question), answers=answers)
+
+
+def batch_rows(batch: Any) -> list[dict[str, Any]]:
+    """The rows of verl's prompt ``TensorDict`` as plain dicts (as verl's own agent loop worker reads them)."""
+    rows: list[dict[str, Any]] = [{} for _ in range(len(batch))]
+    for key, value in batch.items():
+        for i, row in enumerate(rows):
+            if isinstance(value, torch.Tensor):
+                row[key] = value[i]
+            elif isinstance(value, NonTensorStack):
+                row[key] = value[i].data
+            elif isinstance(value, NonTensorData):
+                row[key] = value.data
+            else:
+                raise UserError(f"verl batch field {key!r}: unsupported type {type(value).__name__}")
+    return rows
+
+
+def check_verl_config(config: Any) -> None:
+    """Refuse verl settings under which the verifier's rewards would not be the ones trained on."""
+    reward_model = config.get("reward", {}).get("reward_model", {})
+    if reward_model.get("enable", False):
+        raise UserError("reward.reward_model.enable=True: verl would score the samples itself and overwrite "
+                        "tracerl's verifier rewards (rm_scores); set it to False with TraceAgentLoopManager")
+
+
+class TraceAgentLoopManager:
+    """verl's agent loop manager driven by TRACE (module docstring). verl builds it with
+    :meth:`create` (``config``, ``llm_client``, ``teacher_client``, ``reward_loop_worker_handles``);
+    ``parts`` (tests, custom setups) replaces :func:`build_parts`."""
+
+    def __init__(self, config: Any, llm_client: Any, teacher_client: Any = None,
+                 reward_loop_worker_handles: Any = None, *, parts: TraceParts | None = None) -> None:
+        check_registrations()
+        check_verl_config(config)
+        self.config = config
+        self.llm_client = llm_client
+        self.parts = parts if parts is not None else build_parts(config)
+        self.policy = VerlServerPolicy(llm_client, self.parts.tokenizer)
+        p = self.parts
+        score = p.reference.score_nodes if p.reference is not None else None
+        self.executor = LocalExecutor(RolloutEngine(self.policy, p.environment, p.fmt, p.verifier, p.engine), score)
+        val = config.actor_rollout_ref.rollout.get("val_kwargs", {})
+        val_engine = dataclasses.replace(p.engine, temperature=float(val.get("temperature", p.engine.temperature)))
+        self.val_executor = LocalExecutor(RolloutEngine(self.policy, p.environment, p.fmt, p.verifier, val_engine))
+        self.val_n = int(val.get("n", 1))
+        self.last_trees: list[RolloutTree] = []
+        self.last_metrics: dict[str, float] = {}
+
+    @classmethod
+    def create(cls, *args: Any, **kwargs: Any) -> TraceAgentLoopManager:
+        return cls(*args, **kwargs)
+
+    # --- verl's call ---------------------------------------------------------------------
+
+    def generate_sequences(self, prompts: Any) -> None:
+        """Roll the batch out with TRACE and put every leaf into TransferQueue (module docstring)."""
+        rows = batch_rows(prompts)
+        validate = bool(rows[0].pop("validate", False)) if rows else False
+        for row in rows[1:]:
+            row.pop("validate", None)
+        partition = "val" if validate else "train"
+        uids = [str(r["uid"]) for r in rows]
+        for uid in uids:
+            tq.kv_put(key=uid, partition_id=partition, tag={"status": "running"})
+        try:
+            global_steps = int(rows[0]["global_steps"])
+            # sync trainer: step g samples with the weights of step g - 1; validation after step g with g's
+            version = global_steps if validate else global_steps - 1
+            tasks = [task_from_row(r) for r in rows]
+            trees = self.validate(tasks, global_steps, version) if validate else self.step(tasks, global_steps, version)
+            keys, fields, tags = leaf_samples(trees, {t.id: t.id for t in tasks}, dict(zip(uids, rows, strict=True)),
+                                              global_steps, version)
+            if keys:
+                tq.kv_batch_put(keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags)
+        except BaseException:
+            for uid in uids:
+                tq.kv_put(key=uid, partition_id=partition, tag={"status": "failure"})
+            raise
+        for uid in uids:
+            tq.kv_put(key=uid, partition_id=partition, tag={"status": "finished"})
+
+    # --- the step ------------------------------------------------------------------------
+
+    def step(self, tasks: Sequence[Task], global_steps: int, version: int) -> list[RolloutTree]:
+        """TRACE over ``tasks`` (the pool) with the step's budget; readiness on every leaf when
+        credit is on; the predictor learns from the trees."""
+        p = self.parts
+        self.executor.sync_weights(None, version)
+        session = RolloutSession(self.executor, seed=derive_seed(p.seed, "verl_step", global_steps), version=version)
+        result = p.scheme.collect(session, list(tasks), p.budget)
+        if p.reference is not None:
+            session.score(result.trees)  # leaves of the last top-up are not scored by the scheme
+        if result.cost.rollouts != p.budget:
+            raise RuntimeError(f"step {global_steps}: the scheme spent {result.cost.rollouts} rollouts "
+                               f"of the budget {p.budget}")
+        self.last_metrics = dict(result.info)
+        if p.predictor is not None:
+            self.last_metrics.update(p.predictor.update(result.trees))
+        session.forget()
+        self.last_trees = result.trees
+        return result.trees
+
+    def validate(self, tasks: Sequence[Task], global_steps: int, version: int) -> list[RolloutTree]:
+        """``val_kwargs.n`` chains per task, no planner (a plain evaluation of the policy)."""
+        self.val_executor.sync_weights(None, version)
+        session = RolloutSession(self.val_executor, seed=derive_seed(self.parts.seed, "verl_val", global_steps),
+                                 version=version)
+        trees, _ = session.start(list(tasks), [self.val_n] * len(tasks), [f"val-{t.id}" for t in tasks])
+        session.forget()
+        return trees
+
+    # --- checkpoints ---------------------------------------------------------------------
+
+    def save_state(self, folder: str | Path) -> None:
+        """The predictor's state into verl's checkpoint ``folder`` (:data:`PREDICTOR_FILE`)."""
+        if self.parts.predictor is None:
+            return
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        torch.save(self.parts.predictor.state_dict(), Path(folder) / PREDICTOR_FILE)
+
+    def load_state(self, folder: str | Path) -> None:
+        """Restore :meth:`save_state`'s predictor state; a checkpoint without it is refused."""
+        if self.parts.predictor is None:
+            return
+        path = Path(folder) / PREDICTOR_FILE
+        if not path.is_file():
+            raise UserError(f"{path}: no tracerl predictor state in this verl checkpoint")
+        self.parts.predictor.load_state_dict(torch.load(path, weights_only=False))
+
+
+def build_parts(config: Any) -> TraceParts:
+    """:class:`TraceParts` from ``config.tracerl``: ``preset``, ``config_file`` (a tracerl YAML) and
+    ``overrides`` (``a.b=value`` strings), resolved as ``tracerl train`` would. Tokenizer and the
+    frozen reference come from tracerl's ``model.name_or_path`` (the same checkpoint as verl's
+    ``actor_rollout_ref.model.path``: the reference is the initial policy); the environment is
+    ``data.environment`` over the run's documents; the scheme, predictor and budget are ``rollout``'s."""
+    from tracerl.agent.formats import get_format
+    from tracerl.allocation.predictor import SuccessPredictor
+    from tracerl.allocation.schemes import get_scheme
+    from tracerl.envs.verifiers import get_verifier
+    from tracerl.models.precision import DTYPES
+    from tracerl.models.scoring import EMPTY_THINK, ReferenceScorer
+    from tracerl.testbed.loading import load_model
+    from tracerl.train.config import resolve_config
+    from tracerl.train.data import load_task_data, run_environment
+
+    section = config.get("tracerl", None)
+    if section is None:
+        raise UserError("TraceAgentLoopManager needs a `tracerl` section: +tracerl.config_file=PATH (a tracerl YAML)")
+    cfg = resolve_config(str(section.get("preset", "trace")), config_file=section.get("config_file", None),
+                         overrides=[str(o) for o in section.get("overrides", [])])
+    model, tokenizer = load_model(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+    model.eval()
+    fmt = get_format(cfg.model.format, tokenizer=tokenizer, system=cfg.model.system_prompt, tool_list=cfg.model.tool_list)
+    documents = load_task_data(cfg.data, cfg.rollout.engine, cfg.seed).documents
+    environment = run_environment(documents, cfg.data, cfg.rollout.engine)
+    reference = None
+    if cfg.algo.credit:
+        reference = ReferenceScorer(model, tokenizer, fmt, dtype=DTYPES["bfloat16"] if cfg.model.dtype == "bfloat16" else None,
+                                    answer_prefix=EMPTY_THINK if cfg.algo.score_after_empty_think else "")
+    predictor = SuccessPredictor(cfg.predictor) if cfg.uses_predictor else None
+    if predictor is not None and cfg.predictor.uses_hidden:
+        raise UserError(f"predictor.features = {cfg.predictor.features!r}: verl's servers return no hidden states; "
+                        "use predictor.features = handcrafted")
+    scheme = get_scheme(cfg.rollout.scheme, cfg.rollout.schemes, predictor, reference is not None)
+    return TraceParts(tokenizer, fmt, environment, get_verifier(cfg.data.verifier), cfg.rollout.engine, scheme,
+                      cfg.rollout.budget, predictor, reference, cfg.seed)
