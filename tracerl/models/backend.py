@@ -108,7 +108,7 @@ class PolicyBackend(Protocol):
         ...
 
 
-class _StopChecker:
+class StopChecker:
     """Per-row stop-string detection on a short decoded tail (avoids O(n^2) decoding)."""
 
     def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...]) -> None:
@@ -316,7 +316,7 @@ class HFPolicy:
         reasons: list[FinishReason] = ["length"] * batch
         live = list(range(batch))  # original row index of each cache row
         positions = torch.tensor([len(seq) for seq, _ in rows], device=logits.device)
-        checker = _StopChecker(self.tokenizer, params.stop_strings)
+        checker = StopChecker(self.tokenizer, params.stop_strings)
         for step in range(params.max_new_tokens):
             if seeds is None:
                 next_tok, next_lp = sample_next(logits, params.temperature, params.top_p, generator)

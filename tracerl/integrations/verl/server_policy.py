@@ -26,7 +26,7 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from tracerl.models.backend import FinishReason, Generation, SamplingParams, _StopChecker
+from tracerl.models.backend import FinishReason, Generation, SamplingParams, StopChecker
 from tracerl.rollout.executor import VersionError
 
 
@@ -45,7 +45,7 @@ def sampling_params(params: SamplingParams, seed: int | None) -> dict[str, Any]:
     return out
 
 
-def finish_reason(token_ids: Sequence[int], eos_token_id: int | None, checker: _StopChecker) -> FinishReason:
+def finish_reason(token_ids: Sequence[int], eos_token_id: int | None, checker: StopChecker) -> FinishReason:
     """``eos`` / ``stop`` / ``length`` of a server's row (module docstring)."""
     if token_ids and eos_token_id is not None and token_ids[-1] == eos_token_id:
         return "eos"
@@ -101,7 +101,7 @@ class VerlServerPolicy:
         rows = [(key, list(p), sampling_params(params, None if seeds is None else seeds[i]))
                 for i, (key, p) in enumerate(zip(routing_keys, prefixes, strict=True))]
         outputs = self._loop.run(self._gather(rows)) if rows else []
-        checker = _StopChecker(self.tokenizer, params.stop_strings)
+        checker = StopChecker(self.tokenizer, params.stop_strings)
         gens = [self._generation(key, out, checker) for (key, _, _), out in zip(rows, outputs, strict=True)]
         self.stats["server_requests"] += len(rows)
         self.stats["generated_tokens"] += sum(len(g.token_ids) for g in gens)
@@ -111,7 +111,7 @@ class VerlServerPolicy:
         return await asyncio.gather(*[self.client.generate(key, prompt_ids=ids, sampling_params=sp)
                                       for key, ids, sp in rows])
 
-    def _generation(self, key: str, out: Any, checker: _StopChecker) -> Generation:
+    def _generation(self, key: str, out: Any, checker: StopChecker) -> Generation:
         step = (getattr(out, "extra_fields", None) or {}).get("global_steps")
         if step is None or int(step) != self.version:
             raise VersionError(f"tree {key!r}: the verl server reports weights step {step}; "
