@@ -1,6 +1,6 @@
 """Shared helpers of the training benchmarks (sample_efficiency, step_overhead, tree_savings, vs_trl).
 
-Every benchmark builds its runs from the same :func:`tracerl.train.config.resolve_config` call as
+Every benchmark builds its runs from the same :func:`tracerl.config.schema.resolve_config` call as
 ``tracerl train`` (preset, optional ``--smoke`` overlay, ``--set a.b=value`` overrides), so a
 benchmark setting is reproducible with the CLI. Run as a script, this module prints the Markdown
 tables of the committed result files (what benchmarks/README.md shows):
@@ -19,6 +19,9 @@ import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+from protocol import protocol_table
+from tables import fmt, pm, table, title
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -125,7 +128,7 @@ def configure_torch(threads: int) -> None:
 
 
 def resolve(preset: str, overrides: list[str], smoke: bool) -> Any:
-    from tracerl.train.config import resolve_config
+    from tracerl.config.schema import resolve_config
 
     return resolve_config(preset, overrides=overrides, smoke="random" if smoke else False)
 
@@ -214,47 +217,22 @@ def describe_config(config: Any) -> dict[str, Any]:
 # --- Markdown tables of the committed results (for benchmarks/README.md) -----------------------------
 
 
-def _fmt(value: Any, pct: bool = False) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{100 * value:.1f}%" if pct else (f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}")
-    return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
-def _title(name: str, data: dict[str, Any]) -> str:
-    return f"**{name}**" + (" (`--quick` run)" if data.get("quick") else "")
-
-
-def _pm(stats: dict[str, Any] | None) -> str:
-    """``mean ± std`` of a per-hop summary (percent)."""
-    if not stats or stats.get("mean") is None:
-        return "-"
-    spread = f" ± {100 * stats['std']:.1f}" if stats.get("std") is not None else ""
-    return f"{100 * stats['mean']:.1f}{spread}%"
-
-
 def _hops_table(name: str, data: dict[str, Any]) -> str:
     """The sample-efficiency table with final accuracy per hop count (issue 13 and later)."""
     methods = data["methods"]
     hops = sorted({h for m in methods.values() for h in m.get("final_accuracy_by_hops", {})}, key=int)
-    rows = [[n, _fmt(m["final_accuracy_mean"], True), _fmt(m["final_accuracy_std"], True),
-             *(_pm(m.get("final_accuracy_by_hops", {}).get(h)) for h in hops),
-             _fmt(m.get("train_accuracy_mean"), True), _fmt(m.get("redrawn_accuracy_mean"), True),
-             _fmt(m["effective_ratio_mean"]), _fmt(m["tokens_to_grpo_final"]), _fmt(m.get("rollouts_to_grpo_final")),
-             _fmt(m.get("tokens_fraction_of_grpo")), _fmt(m.get("tokens_to_90pct_grpo_final"))]
+    rows = [[n, fmt(m["final_accuracy_mean"], True), fmt(m["final_accuracy_std"], True),
+             *(pm(m.get("final_accuracy_by_hops", {}).get(h)) for h in hops),
+             fmt(m.get("train_accuracy_mean"), True), fmt(m.get("redrawn_accuracy_mean"), True),
+             fmt(m["effective_ratio_mean"]), fmt(m["tokens_to_grpo_final"]), fmt(m.get("rollouts_to_grpo_final")),
+             fmt(m.get("tokens_fraction_of_grpo")), fmt(m.get("tokens_to_90pct_grpo_final"))]
             for n, m in methods.items()]
     setting = data.get("setting", {})
     base = data.get("base_accuracy_by_hops", {})
-    base_text = ", ".join(f"{h}-hop {_fmt(v, True)}" for h, v in base.items())
-    return (_title(name, data) + f" ({setting.get('seeds')} seeds x {setting.get('steps')} steps, lr {setting.get('lr')}, "
-            f"tiny preset {setting.get('tiny_preset')}, greedy base accuracy {_fmt(data.get('base_accuracy'), True)}"
-            f"{': ' + base_text if base_text else ''})\n\n" + _table(
+    base_text = ", ".join(f"{h}-hop {fmt(v, True)}" for h, v in base.items())
+    return (title(name, data) + f" ({setting.get('seeds')} seeds x {setting.get('steps')} steps, lr {setting.get('lr')}, "
+            f"tiny preset {setting.get('tiny_preset')}, greedy base accuracy {fmt(data.get('base_accuracy'), True)}"
+            f"{': ' + base_text if base_text else ''})\n\n" + table(
                 ["method", "unseen-world acc", "std", *(f"{h}-hop (mean ± std)" for h in hops), "seen-world acc",
                  "re-drawn facts acc", "effective ratio", "tokens to GRPO final", "rollouts to GRPO final",
                  "fraction of GRPO tokens", "tokens to 90% of GRPO final"], rows))
@@ -263,7 +241,7 @@ def _hops_table(name: str, data: dict[str, Any]) -> str:
 def _hops(values: dict[str, float] | None) -> str:
     """``a / b / c`` percent per hop count 1, 2, 3 (``-`` where absent)."""
     values = values or {}
-    return " / ".join(_fmt(values.get(h), True) for h in ("1", "2", "3"))
+    return " / ".join(fmt(values.get(h), True) for h in ("1", "2", "3"))
 
 
 def _levers_table(data: dict[str, Any]) -> str:
@@ -273,11 +251,11 @@ def _levers_table(data: dict[str, Any]) -> str:
         final = r.get("final", {})
         rows.append([label, " ".join(f"`{o}`" for o in r["overrides"]) or "-", str(r.get("eval_questions", "-")),
                      _hops(r["base"]["sampled"]),
-                     _fmt(r["base"].get("sampled_turns")), _hops(r["base"]["greedy"]),
+                     fmt(r["base"].get("sampled_turns")), _hops(r["base"]["greedy"]),
                      f"{r['method']} {r['steps']}" if r["steps"] else "-", _hops(final.get("by_hops")) if final else "-",
-                     _fmt(r.get("step_seconds_mean")), _fmt(r.get("base_seconds"))])
+                     fmt(r.get("step_seconds_mean")), fmt(r.get("base_seconds"))])
     return ("**testbed_levers** (unseen world; sampled: 2 episodes per question at the rollout temperature; "
-            "per hop count 1 / 2 / 3)\n\n" + _table(
+            "per hop count 1 / 2 / 3)\n\n" + table(
                 ["label", "overrides", "questions", "base sampled success", "base turns", "base greedy", "trained",
                  "final greedy accuracy", "s / step", "base eval s"], rows))
 
@@ -290,13 +268,13 @@ def _credit_table(data: dict[str, Any]) -> str:
         paired = m.get("delta_vs_grpo_paired")
         vs = (f"{100 * paired:+.1f} pts, lower in {m['delta_vs_grpo_paired_below']} of {m['paired_seeds_grpo']}"
               if paired is not None and name != data.get("grpo_point") else "-")
-        rows.append([name, " ".join(str(s) for s in m.get("seed_list", [])), _pm({"mean": m["final_accuracy_mean"],
-                     "std": m["final_accuracy_std"]}), *(_pm(by_hops.get(h)) for h in ("1", "2", "3")), vs,
-                     _fmt(m.get("train_accuracy_mean"), True), _fmt(m.get("late_tokens_per_step_mean")),
-                     _fmt(m["effective_ratio_mean"])])
+        rows.append([name, " ".join(str(s) for s in m.get("seed_list", [])), pm({"mean": m["final_accuracy_mean"],
+                     "std": m["final_accuracy_std"]}), *(pm(by_hops.get(h)) for h in ("1", "2", "3")), vs,
+                     fmt(m.get("train_accuracy_mean"), True), fmt(m.get("late_tokens_per_step_mean")),
+                     fmt(m["effective_ratio_mean"])])
     setting = data.get("setting", {})
-    return (_title("credit_sweep", data) + f" (`{setting.get('preset')}`, {setting.get('steps')} steps, lr "
-            f"{setting.get('lr')}, unseen world; w_turn = 0 is GRPO)\n\n" + _table(
+    return (title("credit_sweep", data) + f" (`{setting.get('preset')}`, {setting.get('steps')} steps, lr "
+            f"{setting.get('lr')}, unseen world; w_turn = 0 is GRPO)\n\n" + table(
                 ["point", "seeds", "unseen-world acc", "1-hop", "2-hop", "3-hop", "vs GRPO, same seeds",
                  "seen-world acc", "tokens / step at the end", "effective ratio"], rows))
 
@@ -307,9 +285,9 @@ def markdown_tables(results: Path = RESULTS) -> str:
     path = results / "reference_scoring.json"
     if path.exists():
         data = json.loads(path.read_text())
-        rows = [[str(c["cuts"]), str(c["length"]), _fmt(c["cached_ratio"]), _fmt(c["naive_ratio"])] for c in data["cases"]]
-        parts.append(_title("reference_scoring", data) + " (time / one forward pass)\n\n"
-                     + _table(["cuts", "length", "cached", "naive"], rows))
+        rows = [[str(c["cuts"]), str(c["length"]), fmt(c["cached_ratio"]), fmt(c["naive_ratio"])] for c in data["cases"]]
+        parts.append(title("reference_scoring", data) + " (time / one forward pass)\n\n"
+                     + table(["cuts", "length", "cached", "naive"], rows))
     for path in sorted(results.glob("sample_efficiency*.json")):  # the main sweep, then its variants
         if "shard" in path.stem:  # shards are summarised by their merge
             continue
@@ -317,18 +295,16 @@ def markdown_tables(results: Path = RESULTS) -> str:
         if any(m.get("final_accuracy_by_hops") for m in data["methods"].values()):
             parts.append(_hops_table(path.stem, data))
             if any(m.get("paired_vs_grpo") for m in data["methods"].values()):
-                from protocol import protocol_table  # imports this module's table helpers
-
                 parts.append(protocol_table(path.stem, data))
             continue
-        rows = [[name, _fmt(m["final_accuracy_mean"], True), _fmt(m["final_accuracy_std"], True),
-                 _fmt(m.get("train_accuracy_mean"), True), _fmt(m.get("redrawn_accuracy_mean"), True),
-                 _fmt(m["effective_ratio_mean"]), _fmt(m["tokens_to_grpo_final"]),
-                 _fmt(m.get("tokens_fraction_of_grpo")), _fmt(m.get("tokens_to_90pct_grpo_final"))]
+        rows = [[name, fmt(m["final_accuracy_mean"], True), fmt(m["final_accuracy_std"], True),
+                 fmt(m.get("train_accuracy_mean"), True), fmt(m.get("redrawn_accuracy_mean"), True),
+                 fmt(m["effective_ratio_mean"]), fmt(m["tokens_to_grpo_final"]),
+                 fmt(m.get("tokens_fraction_of_grpo")), fmt(m.get("tokens_to_90pct_grpo_final"))]
                 for name, m in data["methods"].items()]
         setting = data.get("setting", {})
-        parts.append(_title(path.stem, data) + f" ({setting.get('seeds')} seeds x {setting.get('steps')} steps, "
-                     f"lr {setting.get('lr')}, base accuracy {_fmt(data.get('base_accuracy'), True)})\n\n" + _table(
+        parts.append(title(path.stem, data) + f" ({setting.get('seeds')} seeds x {setting.get('steps')} steps, "
+                     f"lr {setting.get('lr')}, base accuracy {fmt(data.get('base_accuracy'), True)})\n\n" + table(
             ["method", "unseen-world acc", "std", "seen-world acc", "re-drawn facts acc", "effective ratio",
              "tokens to GRPO final", "fraction of GRPO tokens", "tokens to 90% of GRPO final"], rows))
     path = results / "credit_sweep.json"
@@ -343,41 +319,41 @@ def markdown_tables(results: Path = RESULTS) -> str:
             continue
         setup, world = data["setup"], data["world"]
         auc = {name: (steps["heldout_auc"][0], steps["heldout_auc"][-1]) for name, steps in data["predictor_per_step"].items()}
-        rows = [[name, _fmt(m["effective_ratio"]), _fmt(data["ratio_vs_chain"][name]), _fmt(m["success_rate"], True),
-                 _fmt(m["prompts_per_step"]), " -> ".join(_fmt(a) for a in auc[name]) if name in auc else "-"]
+        rows = [[name, fmt(m["effective_ratio"]), fmt(data["ratio_vs_chain"][name]), fmt(m["success_rate"], True),
+                 fmt(m["prompts_per_step"]), " -> ".join(fmt(a) for a in auc[name]) if name in auc else "-"]
                 for name, m in data["schemes"].items()]
         parts.append(f"**{path.stem}** ({data['seeds_done']} seeds x {setup['steps']} steps, budget {setup['budget']}, "
                      f"{world['min_hops']}-{world['max_hops']} hops, search top-{setup.get('search_top_k', 3)}, no training)"
-                     "\n\n" + _table(["scheme", "effective ratio", "x chain", "rollout success", "prompts / step",
+                     "\n\n" + table(["scheme", "effective ratio", "x chain", "rollout success", "prompts / step",
                                        "predictor held-out AUC, step 1 -> last"], rows))
     path = results / "step_overhead.json"
     if path.exists():
         data = json.loads(path.read_text())
         phases = data["phases"]
-        rows = [[name, *(_fmt(m["seconds"].get(p)) for p in phases), _fmt(m["step_seconds"]),
-                 _fmt(m["ms_per_generated_token"]), _fmt(m.get("trained_tokens")),
-                 _fmt(m.get("update_ms_per_trained_token"))] for name, m in data["methods"].items()]
-        parts.append(_title("step_overhead", data) + f": trace_over_grpo = {_fmt(data['trace_over_grpo'])}, per "
-                     f"generated token {_fmt(data.get('trace_over_grpo_per_token'))}, scoring + predictor over grpo's "
-                     f"step {_fmt(data.get('trace_added_phases_over_grpo'))}\n\n"
-                     + _table(["method", *phases, "step s", "ms / generated token", "trained tokens / step",
+        rows = [[name, *(fmt(m["seconds"].get(p)) for p in phases), fmt(m["step_seconds"]),
+                 fmt(m["ms_per_generated_token"]), fmt(m.get("trained_tokens")),
+                 fmt(m.get("update_ms_per_trained_token"))] for name, m in data["methods"].items()]
+        parts.append(title("step_overhead", data) + f": trace_over_grpo = {fmt(data['trace_over_grpo'])}, per "
+                     f"generated token {fmt(data.get('trace_over_grpo_per_token'))}, scoring + predictor over grpo's "
+                     f"step {fmt(data.get('trace_added_phases_over_grpo'))}\n\n"
+                     + table(["method", *phases, "step s", "ms / generated token", "trained tokens / step",
                                "update ms / trained token"], rows))
     path = results / "tree_savings.json"
     if path.exists():
         data = json.loads(path.read_text())
-        rows = [[name, _fmt(m["leaves"]), _fmt(m["generated_tokens_per_leaf"]), _fmt(m["saved_fraction_vs_chain"]),
-                 _fmt(m["seconds_per_leaf"])] for name, m in data["schemes"].items()]
-        parts.append(_title("tree_savings", data) + "\n\n" + _table(
+        rows = [[name, fmt(m["leaves"]), fmt(m["generated_tokens_per_leaf"]), fmt(m["saved_fraction_vs_chain"]),
+                 fmt(m["seconds_per_leaf"])] for name, m in data["schemes"].items()]
+        parts.append(title("tree_savings", data) + "\n\n" + table(
             ["scheme", "leaves", "generated tokens / leaf", "saved vs chain", "s / leaf"], rows))
     path = results / "vs_trl.json"
     if path.exists():
         data = json.loads(path.read_text())
-        rows = [[name, _fmt(m.get("generation_tokens_per_s")), _fmt(m.get("update_tokens_per_s")),
-                 _fmt(m.get("update_forwarded_tokens_per_s")), _fmt(m.get("step_seconds")),
-                 _fmt(m.get("completion_tokens_mean"))]
+        rows = [[name, fmt(m.get("generation_tokens_per_s")), fmt(m.get("update_tokens_per_s")),
+                 fmt(m.get("update_forwarded_tokens_per_s")), fmt(m.get("step_seconds")),
+                 fmt(m.get("completion_tokens_mean"))]
                 for name, m in data.get("frameworks", {}).items() if "error" not in m]
         errors = [f"{name}: {m['error']}" for name, m in data.get("frameworks", {}).items() if "error" in m]
-        parts.append(_title("vs_trl", data) + "\n\n" + "\n".join(errors + [""]) + _table(
+        parts.append(title("vs_trl", data) + "\n\n" + "\n".join(errors + [""]) + table(
             ["framework", "generated tokens / s", "update: batch tokens / s", "update: forwarded tokens / s", "step s",
              "tokens / completion"], rows))
     return "\n\n".join(parts)

@@ -48,7 +48,7 @@ from tracerl.rollout.engine import EngineConfig, RolloutEngine
 from tracerl.rollout.evaluate import load_policy
 from tracerl.rollout.executor import LocalExecutor
 from tracerl.allocation.schemes import SchemeConfig
-from tracerl.train.config import DataConfig
+from tracerl.config.schema import DataConfig
 
 
 class UntilObservation(ReactFormat):

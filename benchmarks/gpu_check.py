@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tracerl.train.config import PRESETS, resolve_config  # noqa: E402
+from tracerl.config.schema import PRESETS, resolve_config  # noqa: E402
 from tracerl.train.loop import Trainer  # noqa: E402
 
 GB = 2**30

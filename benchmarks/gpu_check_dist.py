@@ -60,8 +60,8 @@ def _model(device: str, dry: bool) -> Any:
 
 
 def check_fsdp(device: str, dry: bool, mesh: Any) -> tuple[dict[str, Any], Any]:
-    from tracerl.train.dist_update import plan_update, sharded_policy_update
-    from tracerl.train.distributed import full_state_dict, shard_model
+    from tracerl.distributed.update import plan_update, sharded_policy_update
+    from tracerl.distributed.fsdp import full_state_dict, shard_model
     from tracerl.train.update import UpdateSettings, policy_update
 
     plain = _model(device, dry)
@@ -135,8 +135,8 @@ def check_ipc(device: str, dry: bool) -> dict[str, Any]:
 
 
 def check_dcp(device: str, dry: bool, sharded: Any, mesh: Any, work: Path) -> dict[str, Any]:
-    from tracerl.train.dist_checkpoint import load_sharded, save_sharded
-    from tracerl.train.distributed import full_state_dict, shard_model
+    from tracerl.runs.sharded import load_sharded, save_sharded
+    from tracerl.distributed.fsdp import full_state_dict, shard_model
 
     optimizer = torch.optim.AdamW(sharded.parameters(), lr=1e-6)
     for p in sharded.parameters():  # one AdamW step so there are moments to save
@@ -179,7 +179,7 @@ def main() -> None:
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     import torch.distributed as dist
 
-    from tracerl.train.distributed import init_distributed
+    from tracerl.distributed.fsdp import init_distributed
 
     mesh = init_distributed("auto", device, timeout_s=300)
     report: dict[str, Any] = {"setup": {"device": device, "backend": dist.get_backend(), "torch": torch.__version__,

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tracerl.train.metrics import is_timing_key
+from tracerl.runs.metrics import is_timing_key
 
 ROOT = Path(__file__).resolve().parents[1]
 # Cheap steps on the pretrained smoke model (it answers sometimes, so updates are non-zero);

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common import _fmt, _pm, _table, _title
+from tables import fmt, pm, table, title
 
 COLLAPSE_RULE = ("collapsed: the training reward is 0 on each of the last 10 steps, or the final sampled success "
                  "(all hops) is below half the base model's on the same questions and seed")
@@ -74,17 +74,17 @@ def protocol_table(name: str, data: dict[str, Any]) -> str:
     rows = []
     for n, m in methods.items():
         paired = m.get("paired_vs_grpo", {})
-        rows.append([n, str(m.get("seeds")), _pm(m.get("sampled_by_hops", {}).get("all")),
-                     *(_pm(m.get("sampled_by_hops", {}).get(h)) for h in hops),
+        rows.append([n, str(m.get("seeds")), pm(m.get("sampled_by_hops", {}).get("all")),
+                     *(pm(m.get("sampled_by_hops", {}).get(h)) for h in hops),
                      _interval(paired.get("sampled_all")), *(_interval(paired.get(f"sampled_{h}")) for h in hops),
-                     _interval(paired.get("greedy_all")), _fmt(m.get("effective_ratio_mean")),
-                     _fmt(m.get("effective_ratio_vs_grpo")),
-                     " / ".join(_fmt(m.get("hop_share_mean", {}).get(h), True) for h in hops) or "-",
+                     _interval(paired.get("greedy_all")), fmt(m.get("effective_ratio_mean")),
+                     fmt(m.get("effective_ratio_vs_grpo")),
+                     " / ".join(fmt(m.get("hop_share_mean", {}).get(h), True) for h in hops) or "-",
                      str(m.get("collapses", "-"))])
     setting = data.get("setting", {})
-    return (_title(name, data) + f": the comparison protocol ({setting.get('sampled_samples')} samples x "
+    return (title(name, data) + f": the comparison protocol ({setting.get('sampled_samples')} samples x "
             f"{setting.get('sampled_questions')} unseen-world questions at the rollout temperature; paired "
-            f"differences vs GRPO on the same seeds, bootstrap 95% intervals; {COLLAPSE_RULE})\n\n" + _table(
+            f"differences vs GRPO on the same seeds, bootstrap 95% intervals; {COLLAPSE_RULE})\n\n" + table(
                 ["method", "seeds", "sampled success", *(f"{h}-hop sampled" for h in hops), "vs GRPO sampled",
                  *(f"vs GRPO {h}-hop" for h in hops), "vs GRPO greedy", "effective ratio", "x GRPO's",
                  "hop share of trained prompts " + " / ".join(hops), "collapses"], rows))

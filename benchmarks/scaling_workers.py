@@ -40,10 +40,10 @@ from helpers_tiny import bpe_tokenizer, tiny_model  # noqa: E402
 from tracerl.allocation.predictor import SuccessPredictor  # noqa: E402
 from tracerl.allocation.schemes import get_scheme  # noqa: E402
 from tracerl.allocation.session import RolloutSession  # noqa: E402
-from tracerl.train.config import resolve_config  # noqa: E402
+from tracerl.config.schema import resolve_config  # noqa: E402
 from tracerl.train.data import load_task_data  # noqa: E402
-from tracerl.train.ray_executor import RayExecutor  # noqa: E402
-from tracerl.train.workers import worker_spec  # noqa: E402
+from tracerl.rollout.ray_executor import RayExecutor  # noqa: E402
+from tracerl.train.executors import worker_spec  # noqa: E402
 
 OVERRIDES = ["rollout.executor=ray", "rollout.readiness_on=workers", "rollout.budget=32", "rollout.pool_size=8"]
 

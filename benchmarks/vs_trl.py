@@ -135,7 +135,7 @@ def single_turn_tasks(args: argparse.Namespace, folder: Path) -> tuple[list[Any]
 
 def tracerl_trainer(args: argparse.Namespace, folder: Path, tasks: list[Any], documents: list[Any], tag: str) -> Any:
     from tracerl.envs.data import write_corpus, write_tasks
-    from tracerl.train.config import resolve_config
+    from tracerl.config.schema import resolve_config
     from tracerl.train.loop import Trainer
     from tracerl.train.update import carries_signal
 

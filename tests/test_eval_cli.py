@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from tracerl.cli import app
 from tracerl.envs.synthwiki import build_world, write_world
 from tracerl.testbed.tiny_config import SMOKE_WORLD
-from tracerl.train.config import resolve_config
+from tracerl.config.schema import resolve_config
 from tracerl.train.loop import Trainer
 
 

@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tracerl.cli import app, main
-from tracerl.train.config import resolve_config
-from tracerl.train.console import footer, header, progress_line
+from tracerl.config.schema import resolve_config
+from tracerl.runs.console import footer, header, progress_line
 
 TASKS = "".join(f'{{"id": "{i}", "question": "Who is A{i}?", "answers": ["A{i}"]}}\n' for i in range(4))
 DOC = '{"id": "d", "title": "Ada", "text": "Ada is a writer."}\n'
@@ -145,7 +145,7 @@ def test_progress_line_drops_metrics_not_the_clock_and_shows_faults_first() -> N
 
 
 def test_the_width_is_the_terminal_s(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tracerl.train.console import terminal_width
+    from tracerl.runs.console import terminal_width
 
     monkeypatch.setenv("COLUMNS", "80")
     assert terminal_width() == 80

@@ -17,10 +17,10 @@ from tracerl.envs.data import Document
 from tracerl.envs.environments import EnvSettings, build_environment
 from tracerl.envs.tools import ToolSet
 from tracerl.envs.verifiers import get_verifier
-from tracerl.train.config import resolve_config
-from tracerl.train.config_io import ConfigError
+from tracerl.config.schema import resolve_config
+from tracerl.config.loading import ConfigError
 from tracerl.train.loop import Trainer
-from tracerl.train.metrics import read_metrics
+from tracerl.runs.metrics import read_metrics
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 HERE = __name__

@@ -65,10 +65,10 @@ def main(args: list[str] | None = None) -> None:
     one line better: ``tracerl train: No such option: --stpes (see tracerl train --help)``, exit 2.
 
     A copy started by torchrun (``WORLD_SIZE`` > 1) leaves through
-    :func:`tracerl.train.launch.leave_rank` once its command has returned.
+    :func:`tracerl.distributed.launch.leave_rank` once its command has returned.
     """
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from tracerl.train.launch import leave_rank
+        from tracerl.distributed.launch import leave_rank
 
         faulthandler.enable()  # a rank that aborts prints every thread's Python stack
         try:
@@ -246,7 +246,7 @@ def eval_model(
     """Roll a model out on a task split; print EM, F1, pass@k, turns, tool calls, error-action rate."""
     import json
 
-    from tracerl.train.config_checks import check_device
+    from tracerl.config.checks import check_device
 
     check_device(device, field="--device")
     if temperature < 0:
@@ -263,7 +263,7 @@ def eval_model(
     else:
         from tracerl.rollout.engine import EngineConfig
         from tracerl.rollout.evaluate import run_eval
-        from tracerl.train.config_checks import check_model_source
+        from tracerl.config.checks import check_model_source
 
         if not (tasks and corpus):
             raise UsageError("--model needs --tasks and --corpus (or evaluate a run with --run RUN_DIR)")
@@ -303,7 +303,7 @@ def train(
                                         help="With --resume: allow the run's config to import its plug-ins (import paths)."),
 ) -> None:
     """Train a policy with one of the method presets."""
-    from tracerl.train.launch import check_launch, launched_rank, launched_world, relaunch, serve_rank
+    from tracerl.distributed.launch import check_launch, launched_rank, launched_world, relaunch
     from tracerl.train.run import resume_training, start_training
 
     if steps is not None and steps < 1:
@@ -315,6 +315,8 @@ def train(
     set_ = [*(set_ or []), *([f"dist.nproc={nproc}"] if nproc is not None and not resume else [])]
     smoke_mode = _smoke_mode(smoke, smoke_random)
     if launched_rank() > 0:  # under torchrun: ranks > 0 serve the sharded update
+        from tracerl.distributed.trainer import serve_rank
+
         serve_rank(preset, config, set_, smoke_mode, resume, nproc, trust_code=trust_run_code)
         return
     _STATE["writing"] = resume or out
@@ -326,15 +328,25 @@ def train(
         check_launch(preset, config, set_, smoke_mode, resume, out, nproc, trust_code=trust_run_code)
         _pretrain_smoke_model(smoke_mode, preset, config, set_)
         raise typer.Exit(relaunch(nproc, sys.argv[1:]))
+    driver = _rank0_driver() if launched_world() > 1 else None  # rank 0 under torchrun drives the sharded update
     if resume:
-        start = resume_training(resume, steps=steps, device=device, nproc=nproc, trust_code=trust_run_code)
+        start = resume_training(resume, steps=steps, device=device, nproc=nproc, trust_code=trust_run_code,
+                                start_driver=driver)
     else:
         if not preset or not out:
             raise UsageError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")
         _preflight(preset, config, set_ or [], smoke_mode)
         _pretrain_smoke_model(smoke_mode, preset, config, set_)
-        start = start_training(preset, out, config_file=config, overrides=set_ or [], steps=steps, smoke=smoke_mode)
+        start = start_training(preset, out, config_file=config, overrides=set_ or [], steps=steps, smoke=smoke_mode,
+                               start_driver=driver)
     start()
+
+
+def _rank0_driver() -> Any:
+    """Rank 0's hook that shards the policy (torch.distributed is imported only under torchrun)."""
+    from tracerl.distributed.trainer import start_driver
+
+    return start_driver
 
 
 def _smoke_mode(smoke: bool, smoke_random: bool) -> bool | str:
@@ -369,8 +381,8 @@ def config_show(
     explain: bool = typer.Option(False, "--explain", help="Comment every field with its meaning and default."),
 ) -> None:
     """Print the fully resolved config of a preset as YAML, after the same checks as `train`."""
-    from tracerl.train.config import config_to_yaml
-    from tracerl.train.config_docs import explained_yaml
+    from tracerl.config.schema import config_to_yaml
+    from tracerl.config.docs import explained_yaml
     from tracerl.train.preflight import checked_config
 
     resolved, notes = checked_config(preset, config_file=config, overrides=set_ or [],
@@ -386,7 +398,7 @@ def config_reference(
     out: str = typer.Option(None, "--out", help="Write the page here (e.g. docs/reference.md) instead of stdout."),
 ) -> None:
     """Every metrics.jsonl key and every config field with default and meaning, as Markdown."""
-    from tracerl.train.reference import reference_markdown
+    from tracerl.config.reference import reference_markdown
 
     page = reference_markdown()
     if out is None:
@@ -394,7 +406,7 @@ def config_reference(
         return
     from pathlib import Path
 
-    from tracerl.train.runfolder import write_atomic
+    from tracerl.runs.folder import write_atomic
 
     _STATE["writing"] = out
     write_atomic(Path(out), page.encode())
@@ -411,7 +423,7 @@ def plot(
     """Learning curves: held-out accuracy vs generated tokens and vs rollouts; mixed groups, reward, loss, turns."""
     from pathlib import Path
 
-    from tracerl.train.plot import plot_runs
+    from tracerl.view.plot import plot_runs
 
     _STATE["writing"] = out
     typer.echo(str(plot_runs([Path(r) for r in runs], Path(out), smooth=smooth)))
@@ -426,7 +438,7 @@ def view(
 ) -> None:
     """Static HTML of a run's rollout trees: one page per step (turns, branches, rewards, readiness,
     credit, predictor values) and an index with each step's metrics. Prints the index path."""
-    from tracerl.train.view import render_run
+    from tracerl.view.site import render_run
 
     _STATE["writing"] = out
     typer.echo(str(render_run(run_dir, out=out, step=step)))

@@ -9,9 +9,9 @@ from helpers_chat import chat_tokenizer
 from helpers_tiny import tiny_model
 
 from tracerl.agent.chat_template import ChatTemplateFormat
-from tracerl.train.config import resolve_config
+from tracerl.config.schema import resolve_config
 from tracerl.train.loop import Trainer
-from tracerl.train.metrics import read_metrics
+from tracerl.runs.metrics import read_metrics
 
 
 def test_trace_trains_a_local_checkpoint_with_its_chat_template(tmp_path: Path) -> None:

@@ -15,9 +15,9 @@ from tracerl.agent.search_r1 import INSTRUCTION, SearchR1Format
 from tracerl.core.types import Action, Task
 from tracerl.envs.base import Observation
 from tracerl.envs.tools import ToolSet
-from tracerl.train.config import resolve_config
+from tracerl.config.schema import resolve_config
 from tracerl.train.loop import Trainer
-from tracerl.train.metrics import read_metrics
+from tracerl.runs.metrics import read_metrics
 
 
 def search(query: str) -> str:

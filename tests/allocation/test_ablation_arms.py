@@ -15,8 +15,8 @@ from tracerl.allocation.trace_scheme import TraceScheme, uniform_prefixes
 from tracerl.allocation.schemes import SchemeConfig, get_scheme
 from tracerl.rollout.executor import LocalExecutor
 from tracerl.allocation.session import as_session
-from tracerl.train.config import PRESETS, resolve_config
-from tracerl.train.config_io import ConfigError
+from tracerl.config.schema import PRESETS, resolve_config
+from tracerl.config.loading import ConfigError
 
 BUDGET = 32
 ARMS = [("learned", "learned"), ("uniform", "uniform"), ("uniform", "learned"), ("learned", "uniform")]

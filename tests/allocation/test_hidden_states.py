@@ -19,8 +19,8 @@ from tracerl.core.types import RolloutTree
 from tracerl.models.backend import HFPolicy, SamplingParams
 from tracerl.rollout.executor import LocalExecutor
 from tracerl.allocation.session import as_session
-from tracerl.train.config import resolve_config
-from tracerl.train.config_io import ConfigError
+from tracerl.config.schema import resolve_config
+from tracerl.config.loading import ConfigError
 
 
 def _full_forward_state(policy: HFPolicy, ids: list[int]) -> torch.Tensor:

@@ -16,8 +16,8 @@ from tracerl.core.allocation import allocate_roots, exploration_prompts, root_va
 from tracerl.allocation.schemes import SchemeConfig, get_scheme
 from tracerl.allocation.session import as_session
 from tracerl.rollout.executor import LocalExecutor
-from tracerl.train.config import resolve_config
-from tracerl.train.config_io import ConfigError
+from tracerl.config.schema import resolve_config
+from tracerl.config.loading import ConfigError
 
 
 def best(values: list[float], budget: int, choices: list[int]) -> float:

@@ -9,7 +9,7 @@ from alloc_trees import add_chain, answer_turn, tool_turn
 
 from tracerl.core.advantages import AdvantageBatch, AdvantageOptions
 from tracerl.core.types import RolloutTree, Task
-from tracerl.train.trace_metrics import TraceMetrics
+from tracerl.runs.trace_metrics import TraceMetrics
 
 TASKS = {f"q{i}": Task(f"q{i}", "?", ("x",), hops=1 if i < 3 else 2) for i in range(4)}
 POOL = list(TASKS.values())  # 3 one-hop prompts, 1 two-hop prompt

@@ -16,9 +16,9 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).parent))
 from fsdp_cases import CASES, advantages, optimizer, settings, tiny_policy, trajectories  # noqa: E402
 
-from tracerl.train.dist_checkpoint import load_sharded, save_sharded  # noqa: E402
-from tracerl.train.dist_update import plan_update, sharded_policy_update, sharded_trainer_logprobs  # noqa: E402
-from tracerl.train.distributed import full_state_dict, init_distributed, scatter_shares, shard_model  # noqa: E402
+from tracerl.runs.sharded import load_sharded, save_sharded  # noqa: E402
+from tracerl.distributed.update import plan_update, sharded_policy_update, sharded_trainer_logprobs  # noqa: E402
+from tracerl.distributed.fsdp import full_state_dict, init_distributed, scatter_shares, shard_model  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -113,7 +113,7 @@ def test_resume_at_two_ranks_equals_the_uninterrupted_run(checkpoint_out: Path) 
 def test_resume_at_one_process_equals_the_uninterrupted_run(checkpoint_out: Path) -> None:
     """The checkpoint saved by two ranks loads into a plain model and AdamW in this process (no
     process group); its next step equals the two-rank uninterrupted step and the one-process run."""
-    from tracerl.train.dist_checkpoint import load_sharded
+    from tracerl.runs.sharded import load_sharded
 
     tied, kl, signal = CASES["untied_kl"]
     model, reference = tiny_policy(tied), tiny_policy(tied)

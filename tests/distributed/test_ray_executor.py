@@ -25,10 +25,10 @@ from tracerl.allocation.predictor import SuccessPredictor  # noqa: E402
 from tracerl.allocation.schemes import get_scheme  # noqa: E402
 from tracerl.allocation.session import RolloutSession  # noqa: E402
 from tracerl.core.protocol import to_json, tree_delta, worker_of  # noqa: E402
-from tracerl.train.ray_executor import RayExecutor, WorkerLostError  # noqa: E402
-from tracerl.train.config import resolve_config  # noqa: E402
+from tracerl.rollout.ray_executor import RayExecutor, WorkerLostError  # noqa: E402
+from tracerl.config.schema import resolve_config  # noqa: E402
 from tracerl.train.data import load_task_data  # noqa: E402
-from tracerl.train.workers import worker_spec  # noqa: E402
+from tracerl.train.executors import worker_spec  # noqa: E402
 
 pytestmark = [pytest.mark.dist]
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,7 +231,7 @@ def test_train_smoke_on_two_ray_workers(cluster, tmp_path) -> None:
 
 
 def test_tool_stats_of_several_workers_add_up() -> None:
-    from tracerl.train.ray_executor import _merge_tool_stats
+    from tracerl.rollout.ray_executor import _merge_tool_stats
 
     merged = _merge_tool_stats([{"calls": 2, "failures": 1, "last_failure": "timeout", "per_tool": {"search": [2, 1]}},
                                 {"calls": 3, "failures": 0, "last_failure": "", "per_tool": {"search": [1, 0], "open": [2, 0]}}])

@@ -135,7 +135,7 @@ def test_cli_prints_counts_and_skipped_rows(tmp_path) -> None:
 
 
 def test_eval_input_shares_one_corpus_and_loads_as_files_data(tmp_path) -> None:
-    from tracerl.train.config import resolve_config
+    from tracerl.config.schema import resolve_config
     from tracerl.train.data import check_task_files
 
     lines = (RAW / "musique_dev_sample.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)

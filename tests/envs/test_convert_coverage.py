@@ -73,7 +73,7 @@ def test_byte_level_bpe_has_no_unknown_tokens(tmp_path) -> None:
 def test_training_on_real_text_with_the_tiny_tokenizer_stops_before_any_step(tmp_path) -> None:
     """The guard is wired into the Trainer: real MuSiQue text with the word-level random-tiny model
     (its vocabulary is the SynthWiki world's) fails at start, naming unencodable answers."""
-    from tracerl.train.config import resolve_config
+    from tracerl.config.schema import resolve_config
     from tracerl.train.loop import Trainer
 
     convert("musique", RAW / "musique_dev_sample.jsonl", tmp_path / "data")

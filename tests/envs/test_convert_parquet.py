@@ -11,7 +11,7 @@ from tracerl.envs import data as data_module
 from tracerl.envs.convert import convert
 from tracerl.envs.data import load_corpus, load_tasks
 from tracerl.errors import UserError
-from tracerl.train.config import ConfigError, resolve_config
+from tracerl.config.schema import ConfigError, resolve_config
 
 RAW = Path(__file__).parents[1] / "data" / "raw"
 HOTPOT = Path(__file__).parents[1] / "data" / "hotpotqa"
@@ -26,7 +26,7 @@ def _write_parquet(rows: list[dict], path: Path) -> Path:
 
 
 def test_parquet_file_without_the_extra_fails_at_config_load(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr("tracerl.train.config.parquet_available", lambda: False)
+    monkeypatch.setattr("tracerl.config.schema.parquet_available", lambda: False)
     tasks = tmp_path / "tasks.parquet"
     tasks.write_bytes(b"PAR1")
     with pytest.raises(ConfigError, match=r"data.tasks = .*tasks.parquet.*pip install -e '\.\[datasets\]'"):
@@ -73,7 +73,7 @@ def test_train_with_parquet_and_no_extra_ends_in_one_line_and_no_run_folder(tmp_
 
     from tracerl.cli import app
 
-    monkeypatch.setattr("tracerl.train.config.parquet_available", lambda: False)
+    monkeypatch.setattr("tracerl.config.schema.parquet_available", lambda: False)
     tasks = tmp_path / "tasks.parquet"
     tasks.write_bytes(b"PAR1")
     result = CliRunner().invoke(app, ["train", "grpo", "--smoke-random", "--out", str(tmp_path / "run"),

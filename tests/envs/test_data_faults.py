@@ -13,7 +13,7 @@ from tracerl.envs.data import load_corpus, load_tasks
 from tracerl.envs.tools import ToolSet
 from tracerl.errors import UserError
 from tracerl.rollout.engine import EngineConfig
-from tracerl.train.config import DataConfig
+from tracerl.config.schema import DataConfig
 from tracerl.train.data import RoutedEnvironment, check_task_files, load_task_data
 
 LINE = '{{"id": "{i}", "question": "Who is {i}?", "answers": ["A{i}"]}}\n'

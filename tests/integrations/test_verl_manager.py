@@ -198,20 +198,27 @@ def test_leaves_in_transfer_queue_carry_their_own_rewards(step, cluster) -> None
     assert any(len(r) == 2 for r in by_tree.values())  # a tree's leaves differ: not the last leaf's reward copied
 
 
-def test_trainer_advantage_step_on_the_managers_leaves(step, cluster) -> None:
-    """tracerl_sync's advantage step on what the manager wrote: exactly tracerl's trace_credit."""
-    from transfer_queue.metadata import KVBatchMeta
-
+def _advantage_trainer():
+    """A ``tracerl_sync`` trainer whose advantage step reads only its config and TransferQueue."""
     from tracerl.integrations.verl.trainer import TraceSyncTrainer
 
-    manager, _, _, _, listing = step
-    _, tq = cluster
-    keys = sorted(k for k in listing if not listing[k].get("is_prompt", False))
-    trainer = object.__new__(TraceSyncTrainer)  # the advantage step reads only the config and TQ
+    trainer = object.__new__(TraceSyncTrainer)
     trainer.config = OmegaConf.create({
         "algorithm": {"adv_estimator": "tracerl_trace_credit", "use_kl_in_reward": False, "gamma": 1.0, "lam": 1.0},
         "actor_rollout_ref": {"rollout": {"n": 1}},
     })
+    return trainer
+
+
+def test_trainer_advantage_step_on_the_managers_leaves(step, cluster) -> None:
+    """tracerl_sync's advantage step on what the manager wrote: exactly tracerl's trace_credit."""
+    from transfer_queue.metadata import KVBatchMeta
+
+
+    manager, _, _, _, listing = step
+    _, tq = cluster
+    keys = sorted(k for k in listing if not listing[k].get("is_prompt", False))
+    trainer = _advantage_trainer()
     trainer._compute_advantage(KVBatchMeta(keys=keys, tags=[listing[k] for k in keys], partition_id="train"), {})
     got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages", "tracerl_tree_id",
                                                                           "tracerl_node_path"])
@@ -301,13 +308,133 @@ def test_build_parts_reads_the_tracerl_section(tmp_path) -> None:
     _, _, policy = shared()
     policy.model.save_pretrained(tmp_path / "policy")
     policy.tokenizer.save_pretrained(tmp_path / "policy")
-    overrides = [f"model.name_or_path={tmp_path / 'policy'}", "model.format=react", "rollout.budget=8",
-                 "rollout.pool_size=4", "data.train_worlds=1"]
-    parts = build_parts(OmegaConf.create({"tracerl": {"preset": "trace", "overrides": overrides}}))
+    overrides = ["model.format=react", "rollout.budget=8", "rollout.pool_size=4", "data.train_worlds=1",
+                 "model.threads=1"]
+    verl = {"actor_rollout_ref": {"model": {"path": str(tmp_path / "policy")}}}
+    parts = build_parts(OmegaConf.create({**verl, "tracerl": {"preset": "trace", "overrides": overrides}}))
+    assert torch.get_num_threads() == 1  # set explicitly (verl's TaskRunner starts with OMP_NUM_THREADS=1)
     assert (type(parts.scheme).__name__, parts.budget) == ("TraceScheme", 8)
     assert parts.reference is not None and parts.predictor is parts.scheme.predictor
     assert "search" in parts.environment.tools.names
     with pytest.raises(UserError, match="predictor.features = 'hidden': verl's servers return no hidden states"):
-        build_parts(OmegaConf.create({"tracerl": {"overrides": overrides + ["predictor.features=hidden"]}}))
+        build_parts(OmegaConf.create({**verl, "tracerl": {"overrides": overrides + ["predictor.features=hidden"]}}))
     with pytest.raises(UserError, match="needs a `tracerl` section"):
         build_parts(OmegaConf.create({}))
+
+
+def test_the_model_path_has_one_source(tmp_path) -> None:
+    """tracerl's model.name_or_path follows verl's actor path; another checkpoint is refused naming both."""
+    from tracerl.integrations.verl.manager import check_model_path
+
+    verl = OmegaConf.create({"actor_rollout_ref": {"model": {"path": str(tmp_path / "a")}}})
+    (tmp_path / "a").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    assert check_model_path(verl, "testbed-default", "testbed-default") == str(tmp_path / "a")
+    assert check_model_path(verl, str(tmp_path / "link"), "testbed-default") == str(tmp_path / "a")
+    with pytest.raises(UserError, match=r"actor_rollout_ref.model.path = '.*a' but tracerl's model.name_or_path = "
+                                        r"'Qwen/Qwen3-4B'"):
+        check_model_path(verl, "Qwen/Qwen3-4B", "testbed-default")
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"temperature": 0.7}, r"actor_rollout_ref.rollout.temperature = 0.7 but tracerl's rollout.engine.temperature = 1"),
+    ({"top_p": 0.9}, r"actor_rollout_ref.rollout.top_p = 0.9 but tracerl's rollout.engine.top_p = 1"),
+    ({"top_k": 20}, r"actor_rollout_ref.rollout.top_k = 20: tracerl's rollout engine samples without top-k"),
+    ({"val_kwargs": {"top_k": 5}}, r"actor_rollout_ref.rollout.val_kwargs.top_k = 5"),
+    ({"name": "sglang"}, r"actor_rollout_ref.rollout.name = 'sglang': TraceAgentLoopManager sends vLLM's"),
+])
+def test_sampling_settings_that_differ_are_refused(servers, setting, message) -> None:
+    from tracerl.integrations.verl.manager import TraceAgentLoopManager
+
+    bad = OmegaConf.merge(CONFIG, {"actor_rollout_ref": {"rollout": setting}})
+    with pytest.raises(UserError, match=message):
+        TraceAgentLoopManager(bad, servers[0], parts=_parts())
+
+
+def test_validation_samples_at_val_kwargs(servers) -> None:
+    from tracerl.integrations.verl.manager import TraceAgentLoopManager
+
+    config = OmegaConf.merge(CONFIG, {"actor_rollout_ref": {"rollout": {"val_kwargs": {"top_p": 0.5, "temperature": 0.6}}}})
+    engine = TraceAgentLoopManager(config, servers[0], parts=_parts()).val_executor.engine.config
+    assert (engine.temperature, engine.top_p) == (0.6, 0.5)
+    greedy = OmegaConf.merge(config, {"actor_rollout_ref": {"rollout": {"val_kwargs": {"do_sample": False}}}})
+    assert TraceAgentLoopManager(greedy, servers[0], parts=_parts()).val_executor.engine.config.temperature == 0.0
+
+
+def test_validation_without_a_batch_size_is_refused(servers) -> None:
+    from tracerl.integrations.verl.manager import TraceAgentLoopManager
+
+    config = OmegaConf.merge(CONFIG, {"data": {"val_files": "v.parquet", "val_batch_size": None},
+                                      "trainer": {"val_before_train": True}})
+    with pytest.raises(UserError, match=r"data.val_batch_size = null: verl would send the whole validation set"):
+        TraceAgentLoopManager(config, servers[0], parts=_parts())
+    TraceAgentLoopManager(OmegaConf.merge(config, {"data": {"val_batch_size": 4}}), servers[0], parts=_parts())
+
+
+def test_every_validation_chain_is_scored_by_verl(step, cluster) -> None:
+    """verl's validation keeps the highest index of each ``{uid}_{session}`` (trainer_base._validate):
+    with val_kwargs.n = 2 both chains of every prompt must survive that rule."""
+    from verl.utils import tensordict_utils as tu
+
+    manager = step[0]
+    _, tq = cluster
+    w, _, _ = shared()
+    batch, uids = _batch(w.train[14:16], global_steps=0)
+    tu.assign_non_tensor_data(batch, "validate", True)
+    manager.generate_sequences(batch)
+    keys = [k for k in tq.kv_list(partition_id="val")["val"] if k.split("_")[0] in uids and k not in uids]
+    session_max: dict[str, int] = {}
+    for key in keys:  # verl's rule, as written in trainer_base.py
+        uid, session, index = key.rsplit("_", 2)
+        session_max[f"{uid}_{session}"] = max(session_max.get(f"{uid}_{session}", -1), int(index))
+    assert len(keys) == 2 * len(uids) and len(session_max) == 2 * len(uids)
+
+
+def test_verls_padding_rows_weigh_nothing(step, cluster) -> None:
+    """verl pads the batch with copies of the first leaf (``upsample_batch_to_divisible_size``): 24
+    leaves to 32. The padding rows get advantage 0, the real rows exactly tracerl's trace_credit."""
+    from transfer_queue.metadata import KVBatchMeta
+    from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
+
+
+    manager, _, _, _, listing = step
+    _, tq = cluster
+    keys = sorted(k for k in listing if not listing[k].get("is_prompt", False))
+    padded = upsample_batch_to_divisible_size(KVBatchMeta(keys=keys, tags=[listing[k] for k in keys], partition_id="train"),
+                                              16, manager.parts.tokenizer.eos_token_id)
+    assert len(padded.keys) == 32
+    trainer = _advantage_trainer()
+    metrics: dict = {}
+    trainer._compute_advantage(padded, metrics)
+    assert metrics["tracerl/padding_rows"] == 8
+    got = tq.kv_batch_get(keys=padded.keys, partition_id="train", select_fields=["advantages"])["advantages"]
+    rows = [got[i] for i in range(len(padded.keys))]
+    assert all(float(r.abs().sum()) == 0.0 for r in rows[24:])
+    leaves = {(t.tree_id, t.node_path[-1]): t for tree in manager.last_trees for t in tree.trajectories.values()}
+    data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["tracerl_tree_id", "tracerl_node_path"])
+    order = [leaves[(data["tracerl_tree_id"][i], list(data["tracerl_node_path"][i])[-1])] for i in range(len(keys))]
+    want = get_estimator("trace_credit")(AdvantageBatch(order, {t.tree_id: t for t in manager.last_trees}),
+                                         AdvantageOptions())
+    for i, (traj, adv) in enumerate(zip(order, want, strict=True)):
+        expected = adv[len(traj.prompt_ids):]
+        assert torch.equal(rows[i][: expected.numel()], expected), i
+
+
+def test_the_predictor_is_saved_before_verl_calls_the_checkpoint_latest(step, tmp_path, monkeypatch) -> None:
+    """verl's _save_checkpoint writes latest_checkpointed_iteration.txt and calls on_save last; the
+    predictor's file must already be in the step folder then, and be copied to default_hdfs_dir."""
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from tracerl.integrations.verl.manager import PREDICTOR_FILE
+    from tracerl.integrations.verl.trainer import TraceSyncTrainer
+
+    seen = []
+    monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint",
+                        lambda self: seen.append((tmp_path / "ckpt" / "global_step_3" / PREDICTOR_FILE).is_file()))
+    trainer = object.__new__(TraceSyncTrainer)
+    trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path / "ckpt"),
+                                                   "default_hdfs_dir": str(tmp_path / "remote")}})
+    trainer.global_steps, trainer.agent_loop_manager = 3, step[0]
+    trainer._save_checkpoint()
+    assert seen == [True]
+    assert (tmp_path / "remote" / "global_step_3" / PREDICTOR_FILE).is_file()

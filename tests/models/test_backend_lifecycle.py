@@ -12,7 +12,7 @@ from tracerl.models import factory
 from tracerl.models.backend import HFPolicy, SamplingParams
 from tracerl.core.seeds import derive_seed
 from tracerl.models.sampling import row_uniforms, sample_next_seeded
-from tracerl.train.config import ModelConfig
+from tracerl.config.schema import ModelConfig
 
 
 @pytest.fixture(scope="module")

@@ -117,7 +117,7 @@ def test_adapter_checkpoint_round_trip(tmp_path: Path) -> None:
 
 
 def test_two_trainer_steps_of_trace_with_lora(tmp_path: Path) -> None:
-    from tracerl.train.config import resolve_config
+    from tracerl.config.schema import resolve_config
     from tracerl.train.loop import Trainer
 
     config = resolve_config("trace", smoke="random", overrides=[

@@ -13,7 +13,7 @@ from tracerl.models.loading import load_policy_state
 from tracerl.testbed.loading import load_model
 from tracerl.models.precision import compute_context, grad_scaler
 from tracerl.models.scoring import ReferenceScorer
-from tracerl.train.config import ConfigError, resolve_config
+from tracerl.config.schema import ConfigError, resolve_config
 
 
 def test_compute_context_autocasts_low_precision_only() -> None:

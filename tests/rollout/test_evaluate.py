@@ -132,7 +132,7 @@ def test_evaluation_and_training_cut_an_observation_identically(tok, tmp_path, m
     from tracerl.core.types import Task
     from tracerl.models import backend
     from tracerl.rollout import evaluate as evaluation
-    from tracerl.train.config import DataConfig
+    from tracerl.config.schema import DataConfig
     from tracerl.train.data import load_task_data
 
     words = " ".join(f"Lumen{i % 7} river" for i in range(200))  # 400 words

@@ -20,7 +20,7 @@ from tracerl.rollout.engine import EngineConfig, RolloutEngine
 from tracerl.core.protocol import ExpandRequest, StartRequest, task_record, to_json
 from tracerl.rollout.executor import LocalExecutor
 from tracerl.rollout.independent import streams_requests
-from tracerl.train.config import ConfigError, resolve_config
+from tracerl.config.schema import ConfigError, resolve_config
 
 FMT = get_format("react")
 

@@ -13,10 +13,10 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 from tracerl.core.types import Action, Trajectory, Turn
-from tracerl.train.config import ConfigError, config_from_yaml, config_to_yaml, resolve_config
+from tracerl.config.schema import ConfigError, config_from_yaml, config_to_yaml, resolve_config
 from tracerl.train.loop import Trainer
-from tracerl.train.metrics import read_metrics
-from tracerl.train.rollout_log import read_step
+from tracerl.runs.metrics import read_metrics
+from tracerl.runs.rollout_log import read_step
 from tracerl.train.update import UpdateSettings, policy_update, token_logprobs, update_settings
 
 TINY = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=answered", "eval.every=0", "eval.size=4"]

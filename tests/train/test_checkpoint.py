@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
 from tracerl.testbed.tiny import build_tiny_tokenizer
-from tracerl.train.checkpoint import (
+from tracerl.runs.checkpoint import (
     LATEST,
     CheckpointError,
     RngState,
@@ -17,7 +17,7 @@ from tracerl.train.checkpoint import (
     load_trainer_state,
     save_checkpoint,
 )
-from tracerl.train.metrics import MetricsLog, read_metrics
+from tracerl.runs.metrics import MetricsLog, read_metrics
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tracerl.cli import app
-from tracerl.train.config import resolve_config
-from tracerl.train.config_io import ConfigError
+from tracerl.config.schema import resolve_config
+from tracerl.config.loading import ConfigError
 
 
 @pytest.mark.parametrize(("override", "message"), [

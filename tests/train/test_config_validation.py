@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tracerl.train import config_checks
-from tracerl.train.config import ConfigError, OptimConfig, TrainConfig, config_from_yaml, resolve_config
-from tracerl.train.config_io import section_paths, with_field_paths
+from tracerl.config import checks as config_checks
+from tracerl.config.schema import ConfigError, OptimConfig, TrainConfig, config_from_yaml, resolve_config
+from tracerl.config.loading import section_paths, with_field_paths
 
 
 def rejects(*overrides: str, preset: str = "grpo") -> str:
@@ -130,7 +130,7 @@ def test_resume_does_not_need_the_original_model_source(tmp_path: Path) -> None:
     (folder / "config.json").write_text("{}")
     text = resolve_config("grpo", overrides=[f"model.name_or_path={folder}"])
     (folder / "config.json").unlink()
-    from tracerl.train.config import config_to_yaml
+    from tracerl.config.schema import config_to_yaml
 
     assert config_from_yaml(config_to_yaml(text)).model.name_or_path == str(folder)
 

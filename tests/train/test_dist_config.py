@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.train.config import resolve_config
-from tracerl.train.config_io import ConfigError
-from tracerl.train.launch import without_nproc
+from tracerl.config.schema import resolve_config
+from tracerl.config.loading import ConfigError
+from tracerl.distributed.launch import without_nproc
 
 ROOT = Path(__file__).parent.parent.parent
 
@@ -46,7 +46,7 @@ def test_relaunch_drops_nproc_for_torchrun() -> None:
     assert without_nproc(["train", "--nproc=4", "--resume", "r"]) == ["train", "--resume", "r"]
 
 
-LEAVE = ("import atexit, sys; from tracerl.train.launch import leave_rank\n"
+LEAVE = ("import atexit, sys; from tracerl.distributed.launch import leave_rank\n"
          "atexit.register(lambda: print('atexit ran', flush=True))\n"
          "class Finaliser:\n"
          "    def __del__(self): print('finalised')\n"
@@ -64,8 +64,8 @@ def test_a_rank_leaves_after_atexit_without_finalising(code: object, rc: int) ->
 
 
 DIST_MODULES = ("torch.distributed.checkpoint", "torch.distributed.fsdp", "torch.distributed.tensor", "ray",
-                "tracerl.train.dist_update", "tracerl.train.dist_trainer", "tracerl.train.dist_checkpoint",
-                "tracerl.train.distributed")
+                "tracerl.distributed.update", "tracerl.distributed.trainer", "tracerl.runs.sharded",
+                "tracerl.distributed.fsdp")
 SHOW = f"import sys; print('LOADED', sorted(m for m in sys.modules if m.startswith({DIST_MODULES!r})))"
 
 
@@ -94,7 +94,7 @@ import tracerl.cli
     assert (tmp_path / "run" / "ckpt-000002").is_dir()
     assert not {m for m in loaded if m.startswith(("ray", "tracerl."))}
     assert loaded <= baseline, sorted(loaded - baseline)
-    assert "torch.distributed.checkpoint.state_dict" not in loaded  # what train/dist_checkpoint.py needs
+    assert "torch.distributed.checkpoint.state_dict" not in loaded  # what runs/sharded.py needs
 
 
 def test_bad_nproc_runs_fail_in_one_line_before_any_launch(tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 
 from tracerl.cli import app
 from tracerl.train import loop as loop_module
-from tracerl.train.config import TrainConfig, resolve_config
-from tracerl.train.divergence import DivergenceConfig, DivergenceError, DivergenceMonitor
+from tracerl.config.schema import TrainConfig, resolve_config
+from tracerl.runs.divergence import DivergenceConfig, DivergenceError, DivergenceMonitor
 from tracerl.train.loop import Trainer
-from tracerl.train.metrics import read_metrics
+from tracerl.runs.metrics import read_metrics
 
 CHEAP = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=answered", "eval.every=0",
          "eval.size=2", "rollout.budget=8", "rollout.pool_size=2", "rollout.engine.max_turns=3",

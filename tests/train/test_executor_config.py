@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tracerl.train import executor_config
-from tracerl.train.config import ConfigError, resolve_config
+from tracerl.config import executor as executor_config
+from tracerl.config.schema import ConfigError, resolve_config
 
 
 @pytest.mark.parametrize(("override", "message"), [

@@ -10,7 +10,7 @@ import torch
 from helpers_tiny import tiny_model
 
 from tracerl.core.types import Action, Trajectory, Turn
-from tracerl.train.config import ConfigError, ModelConfig, resolve_config
+from tracerl.config.schema import ConfigError, ModelConfig, resolve_config
 from tracerl.train.loop import Trainer
 from tracerl.train.update import UpdateSettings, token_logprobs, with_trainer_logprobs
 

@@ -20,12 +20,12 @@ import pytest
 import torch
 
 from tracerl.train import loop as loop_module
-from tracerl.train import runstate as runstate_module
-from tracerl.train.config import TrainConfig, resolve_config
+from tracerl.runs import state as runstate_module
+from tracerl.config.schema import TrainConfig, resolve_config
 from tracerl.train.loop import NonFiniteTrainingError, Trainer
-from tracerl.train.metrics import is_timing_key, read_metrics
+from tracerl.runs.metrics import is_timing_key, read_metrics
 from tracerl.train.run import resume_training, start_training
-from tracerl.train.runfolder import RunFolderError
+from tracerl.runs.folder import RunFolderError
 
 ROOT = Path(__file__).resolve().parents[2]
 CHEAP = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=answered", "eval.every=0",
@@ -149,7 +149,7 @@ def test_a_failed_fresh_start_leaves_no_half_made_folder(tmp_path: Path, monkeyp
 def test_a_second_trainer_process_on_the_folder_fails_at_once_and_writes_nothing(tmp_path: Path) -> None:
     """On main two `tracerl train` processes on one --out both exited 0, writing every step twice."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from tracerl.train.runfolder import "
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from tracerl.runs.folder import "
          "RunLock; lock = RunLock(Path(sys.argv[1])); print('locked', flush=True); time.sleep(60)", str(tmp_path)],
         stdout=subprocess.PIPE, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     try:

@@ -10,9 +10,9 @@ import torch
 
 from tracerl.envs.base import ToolEnvironment
 from tracerl.envs.tools import ToolSet
-from tracerl.train.config import PRESETS, TrainConfig, resolve_config
+from tracerl.config.schema import PRESETS, TrainConfig, resolve_config
 from tracerl.train.loop import Trainer
-from tracerl.train.metrics import is_timing_key, read_metrics
+from tracerl.runs.metrics import is_timing_key, read_metrics
 
 # The smoke tiny model rarely answers correctly, but it answers sometimes: the format reward
 # gives every preset mixed groups within a few steps, so parameters must move.

@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from tracerl.cli import app
-from tracerl.train.plot import _series, _with_costs, compact, ema, plot_runs
+from tracerl.view.plot import _series, _with_costs, compact, ema, plot_runs
 
 
 def test_compact_labels() -> None:

@@ -11,11 +11,11 @@ import yaml
 from typer.testing import CliRunner
 
 from tracerl.cli import app
-from tracerl.train.config import config_to_yaml, resolve_config
-from tracerl.train.config_docs import attribute_docs, config_fields, explained_yaml, undocumented_fields
+from tracerl.config.schema import config_to_yaml, resolve_config
+from tracerl.config.docs import attribute_docs, config_fields, explained_yaml, undocumented_fields
 from tracerl.train.loop import Trainer
-from tracerl.train.metric_docs import metric_doc, undocumented_metrics
-from tracerl.train.reference import PAGE, reference_markdown
+from tracerl.config.metric_docs import metric_doc, undocumented_metrics
+from tracerl.config.reference import PAGE, reference_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 # One step of each scheme family, so every scheme_/predictor_/credit key appears: grpo with recomputed
@@ -57,7 +57,7 @@ def test_every_config_field_has_a_meaning() -> None:
 
 
 def test_field_docstrings_are_read_from_the_source() -> None:
-    from tracerl.train.config import OptimConfig
+    from tracerl.config.schema import OptimConfig
 
     docs = attribute_docs(OptimConfig)
     assert docs["clip_low"] == docs["clip_high"] and "clip-higher" in docs["clip_high"]  # one docstring, two fields

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tracerl.train.config import config_from_yaml, config_to_yaml, resolve_config
-from tracerl.train.config_io import ConfigError
+from tracerl.config.schema import config_from_yaml, config_to_yaml, resolve_config
+from tracerl.config.loading import ConfigError
 from tracerl.train.loop import Trainer
 from tracerl.train.run import resume_training
 

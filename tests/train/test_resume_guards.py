@@ -10,10 +10,10 @@ import pytest
 
 from tracerl.envs.health import ToolHealthError
 from tracerl.rollout import executor as executor_module
-from tracerl.train import runstate as runstate_module
-from tracerl.train.config import TrainConfig, resolve_config
+from tracerl.runs import state as runstate_module
+from tracerl.config.schema import TrainConfig, resolve_config
 from tracerl.train.loop import Trainer
-from tracerl.train.metrics import is_timing_key, read_metrics
+from tracerl.runs.metrics import is_timing_key, read_metrics
 
 CHEAP = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=answered", "eval.every=0",
          "eval.size=2", "rollout.budget=8", "rollout.pool_size=2", "rollout.engine.max_turns=3", "optim.lr=1e-3",

@@ -15,13 +15,13 @@ import pytest
 import torch
 from helpers_tiny import bpe_tokenizer, tiny_model
 
-from tracerl.train import runstate as runstate_module
-from tracerl.train.checkpoint import prune_checkpoints
-from tracerl.train.config import TrainConfig, resolve_config
+from tracerl.runs import state as runstate_module
+from tracerl.runs.checkpoint import prune_checkpoints
+from tracerl.config.schema import TrainConfig, resolve_config
 from tracerl.train.loop import Trainer
-from tracerl.train.metrics import flat_hparams, read_metrics, tag
-from tracerl.train.rollout_log import logged_steps, read_step, step_file
-from tracerl.train.runfolder import RunFolderError
+from tracerl.runs.metrics import flat_hparams, read_metrics, tag
+from tracerl.runs.rollout_log import logged_steps, read_step, step_file
+from tracerl.runs.folder import RunFolderError
 
 CHEAP = ["data.verifier=answered", "eval.every=0", "eval.size=2", "rollout.budget=8", "rollout.pool_size=2",
          "rollout.engine.max_turns=3"]

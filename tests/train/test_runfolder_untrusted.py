@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.train.checkpoint import CheckpointError, latest_checkpoint
-from tracerl.train.config import ConfigError, resolve_config
+from tracerl.runs.checkpoint import CheckpointError, latest_checkpoint
+from tracerl.config.schema import ConfigError, resolve_config
 from tracerl.train.loop import Trainer
-from tracerl.train.metrics import parse_metrics, read_metrics
+from tracerl.runs.metrics import parse_metrics, read_metrics
 from tracerl.train.run import resume_training, start_training
-from tracerl.train.run_config import PLUGIN_FIELDS, import_paths, read_run_config
-from tracerl.train.runfolder import RunFolderError, RunLock, check_run_folder
+from tracerl.runs.run_config import PLUGIN_FIELDS, import_paths, read_run_config
+from tracerl.runs.folder import RunFolderError, RunLock, check_run_folder
 from helpers_cli import invoke, one_line
 
 SECRET = "SECRET-CONTENT of someone else's file\n"

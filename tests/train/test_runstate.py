@@ -20,9 +20,9 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 from tracerl.testbed.tiny import build_tiny_tokenizer
-from tracerl.train import metrics as metrics_module
-from tracerl.train import runfolder
-from tracerl.train.checkpoint import (
+from tracerl.runs import metrics as metrics_module
+from tracerl.runs import folder as runfolder
+from tracerl.runs.checkpoint import (
     LATEST,
     CheckpointError,
     RngState,
@@ -32,8 +32,8 @@ from tracerl.train.checkpoint import (
     load_trainer_state,
     save_checkpoint,
 )
-from tracerl.train.metrics import MetricsLog, parse_metrics, read_metrics
-from tracerl.train.runfolder import RunFolderError, RunLock, refuse_if_state, remove_stale_temps, run_state
+from tracerl.runs.metrics import MetricsLog, parse_metrics, read_metrics
+from tracerl.runs.folder import RunFolderError, RunLock, refuse_if_state, remove_stale_temps, run_state
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,7 +59,7 @@ def _dead_pid() -> int:
 
 def test_a_second_process_fails_at_once_naming_the_holder(tmp_path: Path) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from tracerl.train.runfolder import "
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from tracerl.runs.folder import "
          "RunLock; lock = RunLock(Path(sys.argv[1])); print('locked', flush=True); time.sleep(60)", str(tmp_path)],
         stdout=subprocess.PIPE, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     try:
@@ -259,7 +259,7 @@ def test_non_finite_tensors_are_found_by_name() -> None:
 
 
 def test_the_console_line_shows_faults_only_when_there_are_some() -> None:
-    from tracerl.train.metrics import console_line
+    from tracerl.runs.metrics import console_line
 
     quiet = console_line({"step": 3, "loss": 0.5, "infra_failed": 0, "nonfinite_skipped_total": 0})
     assert quiet == "step 3  loss=0.500"

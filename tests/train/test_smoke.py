@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tracerl.cli import app
-from tracerl.train.config import resolve_config
-from tracerl.train.config_io import ConfigError
+from tracerl.config.schema import resolve_config
+from tracerl.config.loading import ConfigError
 
 
 def invoke(*args: str):  # noqa: ANN201 - click's Result

@@ -12,8 +12,8 @@ pytest.importorskip("tensorboard")
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from tracerl.train.config import TrainConfig  # noqa: E402
-from tracerl.train.metrics import MetricsLog  # noqa: E402
+from tracerl.config.schema import TrainConfig  # noqa: E402
+from tracerl.runs.metrics import MetricsLog  # noqa: E402
 
 
 def test_tags_are_grouped_and_hparams_written(tmp_path: Path) -> None:

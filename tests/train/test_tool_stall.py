@@ -11,7 +11,7 @@ import pytest
 
 from tracerl.envs.health import ToolHealthError
 from tracerl.envs.isolation import shared_worker
-from tracerl.train.config import resolve_config
+from tracerl.config.schema import resolve_config
 from tracerl.train.loop import Trainer
 
 CHEAP = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=answered", "eval.every=0",

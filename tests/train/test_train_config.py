@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.train.config import PRESETS, ConfigError, config_from_yaml, config_to_yaml, resolve_config
-from tracerl.train.config_io import parse_override
+from tracerl.config.schema import PRESETS, ConfigError, config_from_yaml, config_to_yaml, resolve_config
+from tracerl.config.loading import parse_override
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -102,7 +102,7 @@ def test_a_partial_nested_override_keeps_the_sections_defaults() -> None:
 
 
 def test_lora_without_peft_fails_at_config_load(monkeypatch) -> None:
-    import tracerl.train.config as config_module
+    import tracerl.config.schema as config_module
 
     monkeypatch.setattr(config_module, "peft_available", lambda: False)
     with pytest.raises(ConfigError, match=r"model.lora.r > 0 needs peft: pip install -e '\.\[lora\]'"):

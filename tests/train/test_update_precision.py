@@ -186,7 +186,7 @@ def test_logit_transforms_of_families_that_rescale_logits() -> None:
 
 def test_trainer_with_bf16_compute_keeps_fp32_master_state(tmp_path) -> None:
     """Two smoke steps of ``trace`` with bf16 autocast, a KL term and gradient checkpointing."""
-    from tracerl.train.config import resolve_config
+    from tracerl.config.schema import resolve_config
     from tracerl.train.loop import Trainer
 
     config = resolve_config("trace", smoke="random", overrides=[

@@ -16,8 +16,8 @@ import torch
 from typer.testing import CliRunner
 
 from tracerl.cli import app
-from tracerl.train.rollout_log import RolloutLog, logged_steps, read_step, step_file
-from tracerl.train.view import ViewError, render_run
+from tracerl.runs.rollout_log import RolloutLog, logged_steps, read_step, step_file
+from tracerl.view.site import ViewError, render_run
 from view_fixtures import C_LOSS, C_WIN, OPTIONS, TASK, V1, branching_tree, wide_tree, write_run
 
 

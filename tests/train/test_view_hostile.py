@@ -19,9 +19,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tracerl.cli import app
-from tracerl.train.rollout_log import RolloutLog, RolloutRecordError, read_step, step_file
-from tracerl.train.view import ViewError, render_run
-from tracerl.train.view_records import parse_tree
+from tracerl.runs.rollout_log import RolloutLog, RolloutRecordError, read_step, step_file
+from tracerl.view.site import ViewError, render_run
+from tracerl.view.records import parse_tree
 
 from view_fixtures import write_run
 
@@ -182,7 +182,7 @@ def test_temporaries_of_a_killed_view_are_removed(tmp_path: Path) -> None:
 KILL_AT_RENAME = """
 import os, signal, sys
 os.replace = lambda *args: os.kill(os.getpid(), signal.SIGKILL)  # killed with a page in its temporary
-from tracerl.train.view import render_run
+from tracerl.view.site import render_run
 render_run(sys.argv[1])
 """
 

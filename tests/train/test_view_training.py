@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tracerl.cli import app
-from tracerl.train.config import resolve_config
+from tracerl.config.schema import resolve_config
 from tracerl.train.loop import Trainer
-from tracerl.train.rollout_log import read_step
+from tracerl.runs.rollout_log import read_step
 
 TINY = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=answered", "eval.every=0", "eval.size=2",
         "steps=1", "rollout.budget=8", "rollout.pool_size=2"]

@@ -10,9 +10,9 @@ from helpers_tiny import bpe_tokenizer, tiny_model
 
 from tracerl.agent.formats import get_format
 from tracerl.core.protocol import StartRequest, task_record, to_json
-from tracerl.train.config import ConfigError, resolve_config
+from tracerl.config.schema import ConfigError, resolve_config
 from tracerl.train.data import load_task_data
-from tracerl.train.workers import LiveParts, WorkerSpec, build_executor, worker_spec
+from tracerl.train.executors import LiveParts, WorkerSpec, build_executor, worker_spec
 
 
 def test_an_unknown_executor_fails_at_config_load_naming_the_field() -> None:

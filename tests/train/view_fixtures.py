@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tracerl.core.advantages import AdvantageBatch, AdvantageOptions, get_estimator
 from tracerl.core.types import Action, RolloutTree, Task, Trajectory, Turn
-from tracerl.train.rollout_log import RolloutLog
+from tracerl.runs.rollout_log import RolloutLog
 
 TASK = Task(id="t1", question="Where was Ada born?", answers=("Lumen",))
 

@@ -23,9 +23,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2])]  # this checkout's tra
 
 from tracerl.models.scoring import score_readiness  # noqa: E402
 from tracerl.models.vllm_scoring import VLLMReference  # noqa: E402
-from tracerl.train.config import resolve_config  # noqa: E402
+from tracerl.config.schema import resolve_config  # noqa: E402
 from tracerl.train.loop import Trainer  # noqa: E402
-from tracerl.train.rollout_log import read_step  # noqa: E402
+from tracerl.runs.rollout_log import read_step  # noqa: E402
 
 
 def main(run_dir: Path) -> None:

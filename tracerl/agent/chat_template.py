@@ -36,10 +36,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from tracerl.agent.formats import (
+from tracerl.agent.base import AgentFormat
+from tracerl.agent.tagged import (
     DEFAULT_SYSTEM,
     TOOL_CALL_HELP,
-    AgentFormat,
     error_text,
     parse_tagged,
     render_tagged_action,

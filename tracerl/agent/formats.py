@@ -9,6 +9,11 @@ whose error the environment turns into an observation listing the valid actions.
 Formats are registered by name in :data:`FORMATS` (``react``, ``chat``, ``search_r1``); ``model.format``
 may also be an import path ``package.module:factory``.
 
+Every format subclasses :class:`AgentFormat` (:mod:`tracerl.agent.base`, with :func:`encode_prompt`);
+the ``<tool_call>``/``<answer>`` markup both ``chat`` formats use (:func:`parse_tagged`,
+:func:`render_tagged_action`, :data:`DEFAULT_SYSTEM`, ...) is in :mod:`tracerl.agent.tagged`. Both
+are re-exported here.
+
 ``react`` is plain text for small word-level models. ``chat`` writes ``<tool_call>`` JSON and a
 final ``<answer>``; its markup comes from the tokenizer's own chat template when it has one
 (:class:`~tracerl.agent.chat_template.ChatTemplateFormat`, token-exact per turn), else from the
@@ -30,104 +35,25 @@ sampled, with any text it carries past the stop; parsers ignore that tail.
 
 from __future__ import annotations
 
-import json
 import re
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tracerl.agent.base import AgentFormat, _tool_action, _why, encode_prompt  # noqa: F401 - encode_prompt re-exported
+from tracerl.agent.chat_template import ChatTemplateFormat, has_usable_template
+from tracerl.agent.tagged import (
+    DEFAULT_SYSTEM,
+    TOOL_CALL_HELP,
+    error_text,
+    parse_tagged,
+    render_tagged_action,
+    tool_listing,
+)
 from tracerl.agent.turn_end import OBSERVATION_MARK, action_end, tagged_ends_turn, unwritten_mark
-from tracerl.agent.turn_end import strip_think as _strip_think
 from tracerl.core.registry import Registry
 from tracerl.core.types import Action, Task
 from tracerl.envs.base import Observation
-from tracerl.envs.tools import ToolCallError, ToolSet
-
-
-class AgentFormat(ABC):
-    """Text layout of one agent episode."""
-
-    name: str = ""
-    stop_strings: tuple[str, ...] = ()
-    answer_opener: str = ""
-
-    def prompt_ids(self, task: Task, tools: ToolSet, tokenizer: Any) -> list[int]:
-        """Token ids of S_0: BOS (when the tokenizer has one) then the rendered prompt."""
-        return encode_prompt(tokenizer, self.render_prompt(task, tools))
-
-    def observation_ids(self, obs: Observation, sampled_ids: Sequence[int], tokenizer: Any) -> list[int]:
-        """Forced ids after an assistant turn that sampled ``sampled_ids`` (text formats ignore them)."""
-        return list(tokenizer.encode(self.render_observation(obs), add_special_tokens=False))
-
-    def turn_stops(self, tools: ToolSet | None) -> tuple[str, ...]:
-        """Strings on which a backend stops sampling a turn (``stop_strings``; a format whose
-        actions depend on the tools adds theirs). A stop is only a candidate end: see :meth:`ends_turn`."""
-        return tuple(self.stop_strings)
-
-    def ends_turn(self, text: str) -> bool:
-        """Whether a turn that stopped on one of :meth:`turn_stops` with ``text`` is complete.
-
-        ``text`` is the turn's sampled text so far, special tokens kept. False makes the engine
-        sample on within the same turn (e.g. the stop fell inside the reasoning, not after the
-        action). The base format ends the turn on every stop.
-        """
-        return True
-
-    @abstractmethod
-    def render_prompt(self, task: Task, tools: ToolSet) -> str:
-        """The prompt S_0 (ends where the first assistant turn starts)."""
-
-    @abstractmethod
-    def parse(self, text: str, tools: ToolSet) -> Action:
-        """The action in one assistant turn; never raises."""
-
-    @abstractmethod
-    def render_observation(self, obs: Observation) -> str:
-        """Forced text after an assistant turn, up to where the next assistant turn starts."""
-
-    @abstractmethod
-    def render_action(self, action: Action, thought: str = "") -> str:
-        """The assistant text that expresses ``action`` (ends with the stop string if any)."""
-
-    def render_episode(self, task: Task, tools: ToolSet,
-                       steps: Sequence[tuple[Action, Observation]], thoughts: Sequence[str] = ()) -> str:
-        """A whole episode as text (for pretraining data and debugging)."""
-        parts = [self.render_prompt(task, tools)]
-        for i, (action, obs) in enumerate(steps):
-            parts.append(self.render_action(action, thoughts[i] if i < len(thoughts) else ""))
-            parts.append(self.render_observation(obs))
-        return "".join(parts)
-
-
-def encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    """Prompt token ids: the BOS token (when the tokenizer has one) then the text, no EOS.
-
-    Continuations (observations, answers) are encoded with ``add_special_tokens=False``;
-    pretraining builds its episodes the same way so the policy sees familiar prefixes.
-    """
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    bos = getattr(tokenizer, "bos_token_id", None)
-    return ([int(bos)] if bos is not None else []) + list(ids)
-
-
-def _tool_action(name: str, arguments: dict[str, Any], tools: ToolSet) -> Action:
-    """A tool action, or invalid when the tool or its arguments are wrong.
-
-    An invalid action keeps only its scalar arguments: nested JSON can be deep enough to break
-    anything that walks it later (``dataclasses.asdict`` for the evaluation records).
-    """
-    if name not in tools:
-        return Action(kind="invalid", name=name, error=f"unknown action {name}")
-    try:
-        tools[name].check(arguments)
-    except ToolCallError as exc:
-        scalars = {k: v for k, v in arguments.items() if v is None or isinstance(v, (str, int, float, bool))}
-        return Action(kind="invalid", name=name, arguments=scalars, error=str(exc))
-    return Action(kind="tool", name=name, arguments=arguments)
-
-
-def _why(text: str) -> str:
-    return text.strip().rstrip(".")
+from tracerl.envs.tools import ToolSet
 
 
 class ReactFormat(AgentFormat):
@@ -218,100 +144,6 @@ class ReactFormat(AgentFormat):
         raise ValueError(f"cannot render an action of kind {action.kind!r}")
 
 
-DEFAULT_SYSTEM = (
-    "Answer the question by searching the document collection with the tools. "
-    "When you know the answer, reply with the final answer inside <answer></answer>, "
-    "as short as possible."
-)
-TOOL_CALL_HELP = (
-    'To call a function, write a JSON object with its name and arguments inside <tool_call></tool_call>:\n'
-    '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
-)
-
-
-def tool_listing(tools: ToolSet) -> str:
-    """The tools as one JSON schema per line (the Qwen3 template's layout)."""
-    return "\n".join(json.dumps({"type": "function", "function": s}) for s in tools.schemas())
-
-
-def _load_json(text: str) -> tuple[bool, Any]:
-    """``(ok, value)``; any malformed input is ``(False, None)``, never an exception.
-
-    ValueError covers JSONDecodeError and integers past Python's digit limit (4,300 by
-    default); RecursionError deep nesting. A ``\\ud800``-style escape decodes to a lone
-    surrogate, which no tokenizer and no UTF-8 file accepts (the engine would fail rendering
-    the observation that echoes it): such characters become ``?``.
-    """
-    try:
-        value = json.loads(text)
-        if "\\u" in text:
-            value = json.loads(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace").decode("utf-8"))
-        return True, value
-    except (ValueError, RecursionError):
-        return False, None
-
-
-def _call_payload(text: str, call: int) -> tuple[bool, Any]:
-    """The JSON object of a tool call: inside ``<tool_call>`` tags, or bare (Llama/Mistral style)."""
-    if call >= 0:
-        body = text[call + len("<tool_call>"):].split("</tool_call>", 1)[0]
-        return _load_json(body.split("<|im_end|>", 1)[0].strip())
-    ok, payload = _load_json(text[text.find("{"): text.rfind("}") + 1])
-    if not ok:  # a JSON list of calls, e.g. after Mistral's [TOOL_CALLS]
-        ok, payload = _load_json(text[text.find("["): text.rfind("]") + 1])
-        payload = payload[0] if ok and isinstance(payload, list) and payload else payload
-    return ok, payload
-
-
-def parse_tagged(text: str, tools: ToolSet) -> Action:
-    """Parse ``<tool_call>{json}</tool_call>`` or ``<answer>...</answer>``; never raises.
-
-    A bare JSON object with ``name`` and ``arguments`` (or Llama's ``parameters``) also counts as
-    a tool call, so models whose templates teach another call syntax still get their calls run.
-    """
-    body = _strip_think(text)
-    if body is None:
-        return Action(kind="invalid", error="the think block was never closed")
-    call, ans = body.find("<tool_call>"), body.find("<answer>")
-    if ans >= 0 and (call < 0 or ans < call):
-        answer = body[ans + len("<answer>"):].split("</answer>", 1)[0].split("<|im_end|>", 1)[0].strip()
-        return Action(kind="answer", answer=answer) if answer else Action(kind="invalid", error="empty answer")
-    if call < 0 and "{" not in body:
-        return Action(kind="invalid", error="no <tool_call> or <answer> found")
-    ok, payload = _call_payload(body, call)
-    if call < 0 and not (ok and isinstance(payload, dict) and "name" in payload):
-        return Action(kind="invalid", error="no <tool_call> or <answer> found")
-    if not ok:
-        return Action(kind="invalid", error="the tool call is not valid JSON")
-    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-        return Action(kind="invalid", error='the tool call needs a "name" string')
-    arguments = payload.get("arguments", payload.get("parameters", {}))
-    if isinstance(arguments, str):  # some models double-encode the arguments
-        decoded, value = _load_json(arguments)
-        arguments = value if decoded else arguments
-    if not isinstance(arguments, dict):
-        return Action(kind="invalid", name=payload["name"], error='"arguments" must be a JSON object')
-    return _tool_action(payload["name"], arguments, tools)
-
-
-def render_tagged_action(action: Action, thought: str = "", thinking: bool = True) -> str:
-    """``<think>`` (when thinking) then ``<answer>..</answer>`` or ``<tool_call>`` JSON."""
-    head = f"<think>\n{thought}\n</think>\n\n" if thought and thinking else ""
-    if action.kind == "answer":
-        return f"{head}<answer>{action.answer}</answer>"
-    if action.kind == "tool":
-        call = json.dumps({"name": action.name, "arguments": action.arguments}, ensure_ascii=False)
-        return f"{head}<tool_call>\n{call}\n</tool_call>"
-    raise ValueError(f"cannot render an action of kind {action.kind!r}")
-
-
-def error_text(obs: Observation) -> str:
-    """The body of an error observation in the tagged formats (names the valid tools)."""
-    names = ", ".join(n for n, _ in obs.valid_actions)
-    tail = f" Call one of the tools ({names}) or give the final answer in <answer></answer>." if names else ""
-    return f"Error: {_why(obs.text)}.{tail}"
-
-
 class Qwen3MarkupFormat(AgentFormat):
     """The built-in Qwen3 markup (``chat`` when the tokenizer has no usable chat template).
 
@@ -367,8 +199,6 @@ def chat_format(tokenizer: Any = None, system: str = "", thinking: bool = True, 
 
     ``tool_list=False`` leaves the tool schemas out of the prompt (the system text then has to
     describe the tools)."""
-    from tracerl.agent.chat_template import ChatTemplateFormat, has_usable_template
-
     if tokenizer is not None and has_usable_template(tokenizer):
         return ChatTemplateFormat(tokenizer, system=system, thinking=thinking, tool_list=tool_list)
     return Qwen3MarkupFormat(system=system, thinking=thinking, tool_list=tool_list)

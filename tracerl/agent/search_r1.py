@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tracerl.agent.formats import AgentFormat, _tool_action, _why, encode_prompt
+from tracerl.agent.base import AgentFormat, _tool_action, _why, encode_prompt
 from tracerl.agent.turn_end import tagged_ends_turn
 from tracerl.core.types import Action, Task
 from tracerl.envs.base import Observation

@@ -3,15 +3,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor, nn
 
 from tracerl.allocation.features import NUM_FEATURES
-
-if TYPE_CHECKING:
-    from tracerl.allocation.predictor import PredictorConfig
+from tracerl.allocation.predictor_config import PredictorConfig
 
 
 class StateHead(nn.Module):

@@ -7,7 +7,7 @@ falls to zero and stays there, while the loss and gradient norm drop to exactly 
 advantage is 0). Other collapses show as a loss, gradient norm or KL jumping by orders of
 magnitude. Each test compares the current step with the steps before it, so a policy that was
 noise from the start (a randomly initialised smoke model) is never flagged; the trainer's
-:class:`~tracerl.train.divergence.DivergenceMonitor` keeps the history and decides warn or stop.
+:class:`~tracerl.runs.divergence.DivergenceMonitor` keeps the history and decides warn or stop.
 """
 
 from __future__ import annotations

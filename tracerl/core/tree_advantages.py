@@ -8,7 +8,8 @@
 * ``trace_credit``: ``w_out`` x ``tree_anchor``'s outcome advantage plus ``w_turn`` x TRACE turn
   credit (spec section 2 step 7).
 
-Imported by :mod:`tracerl.core.advantages` at its end; import estimators from there.
+Built on :mod:`tracerl.core.advantage_base`; imported by :mod:`tracerl.core.advantages`, so
+importing that registers these too: import estimators from there.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tracerl.core.advantages import (
+from tracerl.core.advantage_base import (
     AdvantageBatch,
     AdvantageOptions,
     _broadcast,

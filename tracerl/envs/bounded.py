@@ -32,7 +32,7 @@ def open_regular(path: str | Path) -> IO[bytes]:
 
     A FIFO, a device (``/dev/zero``) or a socket would make a reader block or never end.
     Symbolic links are followed here (a user may link their own data); run folders refuse
-    links separately (:func:`tracerl.train.runfolder.check_run_folder`).
+    links separately (:func:`tracerl.runs.folder.check_run_folder`).
     """
     handle = open(path, "rb")  # noqa: SIM115 - returned to the caller
     mode = os.fstat(handle.fileno()).st_mode

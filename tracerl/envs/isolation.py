@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tracerl.envs.tools import ToolFailure, bounded_message
+from tracerl.envs.tool_errors import ToolFailure, bounded_message
 
 _CONTEXT = multiprocessing.get_context(
     "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")

@@ -19,7 +19,9 @@ read an in-memory index); in a worker process that is killed at the timeout when
 the GIL stalls the run, an isolated one cannot.
 
 Bounded output: a tool's text is cut to ``max_chars`` characters and a failure's message to
-:data:`MAX_FAILURE_CHARS`, so a tool returning or raising 10 MB costs nothing downstream.
+:data:`~tracerl.envs.tool_errors.MAX_FAILURE_CHARS`, so a tool returning or raising 10 MB costs
+nothing downstream. The two errors and the message bound live in :mod:`tracerl.envs.tool_errors`
+(the worker process raises them too) and are re-exported here.
 """
 
 from __future__ import annotations
@@ -33,22 +35,19 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tracerl.envs.tool_errors import (  # noqa: F401 - MAX_FAILURE_CHARS re-exported (home: tool_errors.py)
+    MAX_FAILURE_CHARS,
+    ToolCallError,
+    ToolFailure,
+    bounded_message,
+)
+
 _JSON_TYPES: dict[type, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 RESERVED_NAMES = frozenset({"answer"})
 _NON_SPACE = re.compile(r"\S+")
-MAX_FAILURE_CHARS = 1000
-"""Characters kept of a tool failure's message (the observation and the tool-health report)."""
 CHARS_PER_TOKEN = 64
 """A tool's text is cut to ``max_observation_tokens * CHARS_PER_TOKEN`` characters before the
 engine tokenises it (a longer token is rare in any vocabulary), bounding a 10 MB result's cost."""
-
-
-class ToolCallError(ValueError):
-    """The policy called a tool wrongly (unknown name, missing/extra/mistyped argument)."""
-
-
-class ToolFailure(RuntimeError):
-    """The tool itself raised: an infrastructure failure, not the policy's fault."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +168,7 @@ class ToolSet(Mapping[str, Tool]):
         kwargs = tool.check(arguments)
         limit = max_chars if max_chars is not None else 2**62
         if tool.isolated:
-            from tracerl.envs.isolation import call_isolated  # imports this module
+            from tracerl.envs.isolation import call_isolated  # loaded on the first isolated call
 
             return call_isolated(name, tool.fn, kwargs, timeout_s, limit)
         if timeout_s is None:
@@ -189,13 +188,6 @@ def _invoke(tool: Tool, kwargs: dict[str, Any], max_chars: int) -> str:
     if not isinstance(result, str):
         raise ToolFailure(f"tool {name} returned {type(result).__name__}, expected str")
     return result[:max_chars]
-
-
-def bounded_message(text: str, max_chars: int = MAX_FAILURE_CHARS) -> str:
-    """``text`` cut to ``max_chars`` characters, saying how much was cut."""
-    if len(text) <= max_chars:
-        return text
-    return f"{text[:max_chars]}... [{len(text) - max_chars} more characters cut]"
 
 
 def check_importable(fn: Callable[..., Any], name: str) -> None:

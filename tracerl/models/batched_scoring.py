@@ -34,7 +34,7 @@ Across calls, :func:`tracerl.models.scoring.score_readiness` stores each scored 
 tree node, so later calls (the next stage-2 round, the trainer after the scheme) reuse it.
 
 Fallback: attention implementations that ignore custom 4D masks (flash-attention, flex) get the
-per-request :func:`~tracerl.models.scoring.score_prefixes` ("crop", one call per request; same
+per-request :func:`~tracerl.models.prefix_scoring.score_prefixes` ("crop", one call per request; same
 values, no batching). Models whose LM head is not a plain projection of the decoder's last hidden
 state (logit soft-capping or scaling) run the full causal-LM forward in stage 3 instead of the
 decoder plus a chunked head; values are the same, memory is ``rows x Q x vocab`` logits.
@@ -50,6 +50,7 @@ import torch
 
 from tracerl.models.heads import head_logprobs, rescales_logits, split_head
 from tracerl.models.prefix_cache import forward_with_cache, new_cache, output_cache
+from tracerl.models.prefix_scoring import MASKABLE_ATTENTION, score_prefixes
 from tracerl.models.scoring_plan import Cut, Row, ScoreRequest, group_batches, plan_requests, validate_request
 
 __all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DEFAULT_MAX_ROW_TOKENS", "ScoreRequest", "ScoreStats", "score_prefixes_batched"]
@@ -58,8 +59,6 @@ DEFAULT_MAX_BATCH_TOKENS = 16384
 """Padded tokens (prefill + packed blocks) per batched forward pair."""
 DEFAULT_MAX_ROW_TOKENS = 4096
 """Tokens of one trie row (sequences sharing a prefix packed together; its mask is P x P)."""
-MASKABLE_ATTENTION = ("sdpa", "eager")
-"""Attention implementations that accept custom 4D masks (the packed scorers need them)."""
 _LOGIT_ELEMENTS = 1 << 25  # float32 logits materialised at once by the chunked head (128 MiB)
 
 
@@ -225,7 +224,7 @@ def score_prefixes_batched(
     """``l`` at every cut of every request, each distinct prefix scored once (see the module doc).
 
     Returns one float32 CPU tensor [len(request.cut_points)] per request, in request and cut
-    order; the values equal :func:`~tracerl.models.scoring.score_prefixes` per request up to float
+    order; the values equal :func:`~tracerl.models.prefix_scoring.score_prefixes` per request up to float
     noise. ``max_row_tokens`` caps a trie row (its prefill mask is rows x P x P; 1 disables packing:
     every maximal sequence is prefilled in full with a plain causal forward); ``stats`` (optional)
     is filled with what the call did.
@@ -264,8 +263,6 @@ def score_prefixes_batched(
 
 def _score_each(model: Any, requests: Sequence[ScoreRequest], stats: ScoreStats) -> list[torch.Tensor]:
     """Fallback for attention without custom 4D masks: one cache-reusing call per request."""
-    from tracerl.models.scoring import score_prefixes
-
     out = []
     for req in requests:
         opener = torch.tensor(req.opener_ids, dtype=torch.long) if req.opener_ids else None

@@ -2,7 +2,7 @@
 
 vLLM is an optional extra: it is imported here only when asked for, so the core, the demo and
 the default tests never import it. Config load already refused ``vllm`` when it is missing
-(:class:`~tracerl.train.config.ModelConfig`).
+(:class:`~tracerl.config.schema.ModelConfig`).
 """
 
 from __future__ import annotations

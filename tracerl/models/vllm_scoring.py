@@ -5,7 +5,7 @@ For each cut ``c`` of a :class:`~tracerl.models.scoring_plan.ScoreRequest` the p
 the log-prob of every prompt token given the tokens before it. The last ``|answer|`` of them are
 the answer's teacher-forced log-probs, and readiness is their mean,
 ``l_c = (1/|y*|) sum_j log pi_ref(y*_j | ids[:c] + A, y*_<j)``, as in
-:func:`tracerl.models.scoring.score_prefixes`.
+:func:`tracerl.models.prefix_scoring.score_prefixes`.
 
 Distinct ``(ids[:c], opener, answer)`` prompts are sent once (leaves of one tree share their
 upper boundaries). Prompt log-probs are computed from the raw logits (temperature 1) whatever the

@@ -29,14 +29,11 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from tracerl.models.backend import Generation, SamplingParams
+from tracerl.rollout.turns import TurnSteps, _Live, _Outcome
 
-if TYPE_CHECKING:  # the engine imports this module
-    from tracerl.rollout.engine import RolloutEngine, _Live, _Outcome
-
-SCHEDULINGS = ("independent", "lockstep")
 TOOL_THREADS = 4
 """Tool calls in flight at once (0 runs each tool inline on the driver's thread)."""
 
@@ -75,11 +72,12 @@ class ScheduleStats:
     mixed_turn_steps: int = 0
 
 
-def run_independent(engine: RolloutEngine, lives: list[_Live], stats: ScheduleStats | None = None,
+def run_independent(engine: TurnSteps, lives: list[_Live], stats: ScheduleStats | None = None,
                     tool_threads: int = TOOL_THREADS) -> int:
     """Run ``lives`` to their ends through ``engine.backend`` (a :class:`RequestStream`), one
     request per live episode; join their turns to the trees in lockstep order. Returns the tokens
-    generated."""
+    generated. ``engine`` is the :class:`~tracerl.rollout.engine.RolloutEngine` (its per-turn steps
+    and its backend)."""
     run = _Run(engine, lives, stats if stats is not None else ScheduleStats())
     pool = ThreadPoolExecutor(tool_threads, thread_name_prefix="tracerl-tool") if tool_threads > 0 else None
     try:
@@ -97,7 +95,7 @@ def run_independent(engine: RolloutEngine, lives: list[_Live], stats: ScheduleSt
 class _Run:
     """The state of one :func:`run_independent` call."""
 
-    def __init__(self, engine: RolloutEngine, lives: list[_Live], stats: ScheduleStats) -> None:
+    def __init__(self, engine: TurnSteps, lives: list[_Live], stats: ScheduleStats) -> None:
         self.engine, self.lives, self.stats = engine, lives, stats
         self.rounds = [0] * len(lives)
         """Per episode, the requests it has made (its lockstep round)."""

@@ -12,21 +12,21 @@ one turn lives here, shared by both schedules:
   ``max_observation_tokens`` and the room under ``max_total_tokens``) and joining it to the tree;
 - :func:`_keep_state`: the policy's hidden state kept at the node a turn started from.
 
-See :mod:`tracerl.rollout.engine` for seeds, segments and limits.
+See :mod:`tracerl.rollout.engine` for seeds and segments, and
+:class:`~tracerl.rollout.engine_config.EngineConfig` for the limits.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tracerl.core.types import RolloutTree, Task, Trajectory, Turn
-from tracerl.models.backend import Generation, SamplingParams
+from tracerl.envs.verifiers import Verifier
+from tracerl.models.backend import Generation, PolicyBackend, SamplingParams
 from tracerl.core.seeds import derive_seed
-
-if TYPE_CHECKING:  # the engine imports this module
-    from tracerl.rollout.engine import EngineConfig, Verifier
+from tracerl.rollout.engine_config import EngineConfig
 
 
 @dataclass
@@ -83,9 +83,11 @@ class TurnSteps:
 
     Uses the engine's ``config``, ``tokenizer``, ``fmt``, ``tools`` and ``verifier``; the lockstep
     loop (``RolloutEngine._run``) and :func:`~tracerl.rollout.independent.run_independent` call
-    these same methods, so both schedules build the same turns.
+    these same methods, so both schedules build the same turns (the latter also drives the
+    engine's ``backend``, declared here so it can take any ``TurnSteps``).
     """
 
+    backend: PolicyBackend
     config: EngineConfig
     tokenizer: Any
     fmt: Any

@@ -22,7 +22,7 @@ from tracerl.core.registry import RegistryError, resolve_import_path
 from tracerl.errors import UserError
 from tracerl.train.loop import Trainer
 from tracerl.train.preflight import checked_config
-from tracerl.train.runfolder import refuse_if_state
+from tracerl.runs.folder import refuse_if_state
 from tracerl.train.smoke import pretrain_if_used
 
 

@@ -30,7 +30,7 @@ from tracerl.envs.environments import EnvSettings, build_environment
 from tracerl.envs.synthwiki import build_world
 from tracerl.rollout.engine import EngineConfig
 from tracerl.errors import UserError
-from tracerl.train.config import DataConfig
+from tracerl.config.schema import DataConfig
 
 
 class RoutedEnvironment:

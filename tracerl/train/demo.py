@@ -25,10 +25,10 @@ from rich.table import Table
 from tracerl.envs.synthwiki import build_world, write_world
 from tracerl.testbed.tiny import load_or_pretrain
 from tracerl.testbed.tiny_config import get_preset
-from tracerl.train.config import TrainConfig, config_to_yaml, resolve_config
+from tracerl.config.schema import TrainConfig, config_to_yaml, resolve_config
 from tracerl.train.loop import Trainer
-from tracerl.train.metrics import console_line
-from tracerl.train.plot import plot_runs
+from tracerl.runs.metrics import console_line
+from tracerl.view.plot import plot_runs
 
 DEMO_OVERRIDES: list[str] = [
     "steps=100000",  # the demo stops on its wall-clock budget, not a step count

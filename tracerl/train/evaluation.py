@@ -12,10 +12,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tracerl.train.checkpoint import CheckpointError, latest_checkpoint, load_policy_into
-from tracerl.train.config import TrainConfig
-from tracerl.train.run_config import read_run_config
-from tracerl.train.runfolder import RunFolderError, check_run_folder
+from tracerl.runs.checkpoint import CheckpointError, latest_checkpoint, load_policy_into
+from tracerl.config.schema import TrainConfig
+from tracerl.runs.run_config import read_run_config
+from tracerl.runs.folder import RunFolderError, check_run_folder
 
 
 _ATTEMPTS = 3
@@ -27,8 +27,8 @@ def load_run_policy(run_dir: Path, device: str, *, trust_code: bool = False) -> 
 
     The run may be live: when the checkpoint being read is pruned under us (``LATEST`` moved on),
     the new ``LATEST`` is read, up to :data:`_ATTEMPTS` times, then one line says so. The folder
-    is checked first (no links inside, train/runfolder.py) and its config refuses plug-in import
-    paths unless ``trust_code`` (train/run_config.py).
+    is checked first (no links inside, runs/folder.py) and its config refuses plug-in import
+    paths unless ``trust_code`` (runs/run_config.py).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -63,7 +63,7 @@ def _load_checkpoint(run_dir: Path, folder: Path, device: str, trust_code: bool)
     """Model, tokenizer and config of checkpoint ``folder``; a LoRA checkpoint holds only the adapter:
     the base comes from the run's ``initial/`` and the adapter is loaded into it."""
     from tracerl.testbed.loading import load_model
-    from tracerl.train.initial import initial_source
+    from tracerl.runs.initial import initial_source
     from tracerl.train.loop import INITIAL
 
     config = read_run_config(folder / "config.yaml", trust_code=trust_code)

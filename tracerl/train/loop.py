@@ -32,16 +32,17 @@ from tracerl.models.lora import apply_lora, trainable_parameters
 from tracerl.models.memory import enable_gradient_checkpointing
 from tracerl.models.precision import DTYPES, compute_context, grad_scaler
 from tracerl.models.scoring import EMPTY_THINK, ReferenceScorer
-from tracerl.train.trace_metrics import TraceMetrics
+from tracerl.runs.trace_metrics import TraceMetrics
 
-from tracerl.train.config import TrainConfig
+from tracerl.config.loading import ConfigError
+from tracerl.config.schema import TrainConfig
 from tracerl.train.data import load_task_data, take_pool
-from tracerl.train.divergence import DivergenceMonitor, step_signals
-from tracerl.train.metrics import MetricsLog
-from tracerl.train.rollout_log import RolloutLog
-from tracerl.train.runstate import INITIAL, NonFiniteTrainingError, RunLifecycle  # noqa: F401 - INITIAL re-exported
+from tracerl.runs.divergence import DivergenceMonitor, step_signals
+from tracerl.runs.metrics import MetricsLog
+from tracerl.runs.rollout_log import RolloutLog
+from tracerl.runs.state import INITIAL, NonFiniteTrainingError, RunLifecycle  # noqa: F401 - INITIAL re-exported
 from tracerl.train.update import policy_update, update_settings, with_trainer_logprobs
-from tracerl.train.workers import LiveParts, build_executor, worker_spec
+from tracerl.train.executors import LiveParts, build_executor, worker_spec
 
 
 
@@ -72,17 +73,22 @@ class Trainer(RunLifecycle):
     """Owns every component of a run; ``run()`` trains, ``step()`` is one training step.
 
     The run folder's lifecycle (claim and lock, ``initial/``, :meth:`save`, resume, :meth:`close`)
-    is inherited from :class:`~tracerl.train.runstate.RunLifecycle`."""
+    is inherited from :class:`~tracerl.runs.state.RunLifecycle`."""
 
     def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False,
-                 echo: Callable[[str], None] | None = None) -> None:
+                 echo: Callable[[str], None] | None = None,
+                 start_driver: Callable[[Trainer], Any] | None = None) -> None:
         """Own ``run_dir`` (locked until :meth:`close`) and build every component.
 
         Fresh start (``resume=False``): ``run_dir`` must hold no run state. ``resume=True``:
         continue from ``LATEST``; with no checkpoint yet, start over from step 0 (the partial
-        state of a run killed before its first checkpoint is discarded).
+        state of a run killed before its first checkpoint is discarded). ``start_driver``: with
+        ``dist.nproc > 1``, rank 0's hook that shards the policy over the process group and returns
+        the driver of the sharded update (:func:`tracerl.distributed.trainer.start_driver`, which
+        ``tracerl train --nproc N`` hands in).
         """
         self.config, self.run_dir, self.echo = config, Path(run_dir), echo or (lambda _: None)
+        self._start_driver = start_driver
         self.resume_from = self._claim_run_folder(resume)
         try:
             self._build(config)
@@ -107,7 +113,7 @@ class Trainer(RunLifecycle):
                               tool_list=cfg.model.tool_list)
         for line in check_tool_coverage(self.tokenizer, self.data.environment.tools, self.fmt, self.data.train[0]):
             warnings.warn(f"tokenizer coverage: {line}", stacklevel=2)  # an <unk> tool name is refused above
-        self.model = _prepare_policy(self.model, cfg)
+        self.model = prepare_policy(self.model, cfg)
         needs_reference = cfg.algo.credit or cfg.optim.kl_coef > 0
         # The frozen reference needs no float32 master copy: keep it in the working precision.
         # float16 is different: autocast only keeps float32 weights' residual stream and norms out of
@@ -137,10 +143,13 @@ class Trainer(RunLifecycle):
         self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=o.lr, betas=o.betas,
                                            weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
-        self.driver = None  # dist.nproc > 1: FSDP2 over torchrun ranks, rank 0 driving (train/dist_trainer.py)
+        self.driver = None  # dist.nproc > 1: FSDP2 over torchrun ranks, rank 0 driving (tracerl.distributed)
         if cfg.dist.nproc > 1:
-            from tracerl.train.dist_trainer import start_driver
-            self.driver = start_driver(self)
+            if self._start_driver is None:
+                raise ConfigError(f"dist.nproc = {cfg.dist.nproc} trains over {cfg.dist.nproc} processes: start it "
+                                  f"with `tracerl train ... --nproc {cfg.dist.nproc}` (its ranks drive and serve the "
+                                  "sharded update)")
+            self.driver = self._start_driver(self)
         self.scaler = grad_scaler(cfg.model.device, cfg.model.dtype)  # float16 on CUDA only
         self.update_settings = update_settings(cfg)
         self.generator = torch.Generator().manual_seed(cfg.seed)
@@ -356,7 +365,7 @@ class Trainer(RunLifecycle):
         self.close()
 
 
-def _prepare_policy(model: Any, config: TrainConfig) -> Any:
+def prepare_policy(model: Any, config: TrainConfig) -> Any:
     """Gradient checkpointing and the LoRA adapter (float32, on a base kept in the working precision),
     as configured; otherwise the float32 model is returned as it is."""
     if config.optim.gradient_checkpointing:

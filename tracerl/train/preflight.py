@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracerl.train.config import TrainConfig, resolve_config
-from tracerl.train.config_checks import check_model_source
+from tracerl.config.schema import TrainConfig, resolve_config
+from tracerl.config.checks import check_model_source
 from tracerl.train.data import check_task_files
 from tracerl.train.smoke import check_smoke_serves
 
@@ -23,7 +23,7 @@ def checked_config(preset: str, *, config_file: str | Path | None = None, overri
 
     Raises :class:`~tracerl.errors.UserError` (one line, naming the field or file:line) for
     anything ``tracerl train`` would refuse before it starts; ``smoke`` as in
-    :func:`~tracerl.train.config.resolve_config` (the pretrained smoke model must be able to serve the run).
+    :func:`~tracerl.config.schema.resolve_config` (the pretrained smoke model must be able to serve the run).
     """
     config = resolve_config(preset, config_file=config_file, overrides=overrides, smoke=smoke)
     check_task_files(config.data)

@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tracerl.errors import UserError
-from tracerl.train.checkpoint import latest_checkpoint
-from tracerl.train.config_checks import check_device
-from tracerl.train.config import TrainConfig, resolve_config
-from tracerl.train.dist_config import check_dist
+from tracerl.runs.checkpoint import latest_checkpoint
+from tracerl.config.checks import check_device
+from tracerl.config.schema import TrainConfig, resolve_config
+from tracerl.config.dist import check_dist
 from tracerl.train.loop import Trainer
-from tracerl.train.console import footer, header, progress_line, terminal_width
-from tracerl.train.run_config import read_run_config
-from tracerl.train.runfolder import RunFolderError, check_run_folder, refuse_if_state
+from tracerl.runs.console import footer, header, progress_line, terminal_width
+from tracerl.runs.run_config import read_run_config
+from tracerl.runs.folder import RunFolderError, check_run_folder, refuse_if_state
 
 
 def refuse_config_in_run(config_file: str | Path | None, run_dir: Path) -> None:
@@ -34,9 +34,11 @@ def refuse_config_in_run(config_file: str | Path | None, run_dir: Path) -> None:
 
 def start_training(preset: str, out: str | Path, *, config_file: str | None = None,
                    overrides: list[str] | None = None, steps: int | None = None,
-                   smoke: bool | str = False) -> Callable[[], list[dict[str, Any]]]:
+                   smoke: bool | str = False,
+                   start_driver: Callable[[Trainer], Any] | None = None) -> Callable[[], list[dict[str, Any]]]:
     """Validate everything first (bad configs and a folder that holds a run fail here, before
-    anything is written), take the run folder, then return the run to start."""
+    anything is written), take the run folder, then return the run to start. ``start_driver``:
+    see :class:`~tracerl.train.loop.Trainer` (``dist.nproc > 1`` under torchrun)."""
     run_dir = Path(out)
     refuse_config_in_run(config_file, run_dir)
     check_run_folder(run_dir)
@@ -44,13 +46,14 @@ def start_training(preset: str, out: str | Path, *, config_file: str | None = No
     if steps is not None:
         config.steps = steps
     refuse_if_state(run_dir)
-    trainer = Trainer(config, run_dir)  # locks the folder, writes config.yaml and initial/
+    trainer = Trainer(config, run_dir, start_driver=start_driver)  # locks the folder, writes config.yaml and initial/
     return lambda: _run(trainer, config.steps)
 
 
 def resume_training(run_dir: str | Path, steps: int | None = None, device: str | None = None,
                     notify: Callable[[str], None] | None = None,
-                    nproc: int | None = None, trust_code: bool = False) -> Callable[[], list[dict[str, Any]]]:
+                    nproc: int | None = None, trust_code: bool = False,
+                    start_driver: Callable[[Trainer], Any] | None = None) -> Callable[[], list[dict[str, Any]]]:
     """Continue a run from its newest checkpoint with the config it was started with.
 
     A run killed before its first checkpoint has only ``config.yaml`` (and partial state): it
@@ -77,7 +80,7 @@ def resume_training(run_dir: str | Path, steps: int | None = None, device: str |
     if device is not None:  # e.g. a run started on cuda:1 continues on a machine with one GPU
         config.model.device = device
     check_device(config.model.device)
-    trainer = Trainer(config, run_dir, resume=True)
+    trainer = Trainer(config, run_dir, resume=True, start_driver=start_driver)
     loaded = f"from {folder} (step {done})" if folder is not None else "with no checkpoint yet: from step 0"
     notify(f"resuming {run_dir} {loaded} to step {config.steps}")
     return lambda: _run(trainer, config.steps)
@@ -85,7 +88,7 @@ def resume_training(run_dir: str | Path, steps: int | None = None, device: str |
 
 def run_folder_config(run_dir: Path, *, trust_code: bool = False) -> TrainConfig:
     """The config a run continues with: its newest checkpoint's, else the folder's ``config.yaml``
-    (read bounded; plug-in import paths need ``trust_code``, see :mod:`tracerl.train.run_config`)."""
+    (read bounded; plug-in import paths need ``trust_code``, see :mod:`tracerl.runs.run_config`)."""
     folder = latest_checkpoint(run_dir)
     source = (folder if folder is not None else run_dir) / "config.yaml"
     if not source.is_file():
@@ -103,7 +106,7 @@ def _stderr(line: str) -> None:
 
 
 def _run(trainer: Trainer, steps: int) -> list[dict[str, Any]]:
-    """Train to ``steps`` between a header and a footer, one progress line per step (train/console.py)."""
+    """Train to ``steps`` between a header and a footer, one progress line per step (runs/console.py)."""
     with trainer:  # releases the run folder's lock however the run ends
         parameters = sum(p.numel() for p in trainer.model.parameters())
         print(header(trainer.config, trainer.run_dir, parameters, trainer.step_index), flush=True)

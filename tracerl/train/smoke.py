@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from tracerl.errors import UserError
-from tracerl.train.config import TrainConfig, resolve_config
+from tracerl.config.schema import TrainConfig, resolve_config
 
 RANDOM_HINT = "use --smoke-random (a random tiny model whose vocabulary is built from the run's format and tools)"
 

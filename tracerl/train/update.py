@@ -30,7 +30,7 @@ from tracerl.models.lora import trainable_parameters
 from tracerl.models.precision import compute_context, model_device
 
 if TYPE_CHECKING:
-    from tracerl.train.config import TrainConfig
+    from tracerl.config.schema import TrainConfig
 
 LOGPROB_CHUNK = 1024
 """Positions per lm_head chunk: at Qwen3's 151,936-token vocabulary one chunk's fp32 logits are
@@ -86,7 +86,7 @@ def _full_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, temper
 
 
 FSDP_LOGPROBS = "tracerl_token_logprobs"
-"""Name of the FSDP-registered forward method a sharded model carries (train/distributed.py): calling
+"""Name of the FSDP-registered forward method a sharded model carries (distributed/fsdp.py): calling
 its decoder directly would leave the root's parameters (embeddings, norm, head) sharded."""
 
 

@@ -7,6 +7,7 @@
   the tree fields to the estimator;
 * :mod:`.plugin`: the ``verl.plugins`` entry point that registers both on ``import verl``;
 * :mod:`.check`: the start-up check, because verl hides plug-in import errors;
+* :mod:`.registrations`: what verl's registries lack of tracerl's names (the trainer's refusal);
 * :mod:`.server_policy`: ``VerlServerPolicy``, a tracerl policy backend over verl's ``LLMServerClient``;
 * :mod:`.leaves`: tree leaves as TransferQueue samples, each with its own reward;
 * :mod:`.manager`: ``TraceAgentLoopManager``, TRACE as verl's ``agent_loop_manager_class``.

@@ -38,9 +38,15 @@ def num_turns(traj: Trajectory) -> int:
 
 def leaf_samples(
     trees: Sequence[RolloutTree], uid_of_task: Mapping[str, str], rows: Mapping[str, Mapping[str, Any]],
-    global_steps: int, version: int,
+    global_steps: int, version: int, *, session_per_leaf: bool = False,
 ) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
     """Keys, fields and tags of every leaf of ``trees`` (module docstring).
+
+    ``session_per_leaf``: key each leaf ``{uid}_{j}_0`` (``j`` counting the uid's leaves), one
+    session per leaf. verl's validation keeps only the highest index of each ``{uid}_{session}``
+    (as the final output of a multi-output session: ``_validate`` in
+    ``verl/trainer/ppo/v1/trainer_base.py``), so validation chains need sessions of their own or
+    all but one chain per prompt would go unscored.
 
     Args:
         trees: the step's trees (one per task in TRACE).
@@ -52,6 +58,7 @@ def leaf_samples(
     table = rows_from_trees(trees)
     keys, fields, tags = [], [], []
     seen: dict[str, int] = {}
+    per_uid: dict[str, int] = {}
     for i, traj in enumerate(table.trajectories):
         uid = uid_of_task[traj.task_id]
         if "_" in uid:
@@ -74,7 +81,12 @@ def leaf_samples(
             "extra_fields": {"min_global_steps": version, "max_global_steps": version, "reward_extra_info": {}},
         })
         field.update({name: table.non_tensor[name][i] for name in TREE_FIELDS})
-        keys.append(f"{uid}_{order[traj.tree_id]}_{leaf}")
+        if session_per_leaf:
+            j = per_uid.setdefault(uid, 0)
+            per_uid[uid] = j + 1
+            keys.append(f"{uid}_{j}_0")
+        else:
+            keys.append(f"{uid}_{order[traj.tree_id]}_{leaf}")
         fields.append(field)
         tags.append({"status": "success", "prompt_len": p, "response_len": responses.numel(),
                      "seq_len": input_ids.numel(), "global_steps": global_steps,

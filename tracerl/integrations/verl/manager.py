@@ -30,6 +30,8 @@ called by the ``tracerl_sync`` trainer).
 from __future__ import annotations
 
 import dataclasses
+import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,12 +118,71 @@ def batch_rows(batch: Any) -> list[dict[str, Any]]:
     return rows
 
 
+SERVERS = ("vllm",)
+"""verl rollout servers whose sampling parameters :class:`VerlServerPolicy` speaks (vLLM's names:
+``max_tokens``, ``include_stop_str_in_output``, ``seed``, ``logprobs``). SGLang takes other names
+and passes unknown ones through unchecked, so it is refused rather than run with ignored stops."""
+
+
 def check_verl_config(config: Any) -> None:
-    """Refuse verl settings under which the verifier's rewards would not be the ones trained on."""
+    """Refuse verl settings under which the verifier's rewards would not be the ones trained on,
+    the servers would not read tracerl's sampling parameters, or validation would run the whole
+    validation set in one call (one line each, naming the setting)."""
     reward_model = config.get("reward", {}).get("reward_model", {})
     if reward_model.get("enable", False):
         raise UserError("reward.reward_model.enable=True: verl would score the samples itself and overwrite "
                         "tracerl's verifier rewards (rm_scores); set it to False with TraceAgentLoopManager")
+    name = config.actor_rollout_ref.rollout.get("name", None)
+    if name not in SERVERS:
+        raise UserError(f"actor_rollout_ref.rollout.name = {name!r}: TraceAgentLoopManager sends vLLM's sampling "
+                        f"parameters (stop strings, include_stop_str_in_output, seed), which {name!r} does not "
+                        f"read; use one of: {', '.join(SERVERS)}")
+    data, trainer = config.get("data", {}), config.get("trainer", {})
+    validates = bool(trainer.get("val_before_train", False)) or int(trainer.get("test_freq", -1) or -1) > 0
+    if validates and data.get("val_batch_size", None) is None and "val_files" in data:
+        raise UserError("data.val_batch_size = null: verl would send the whole validation set through one "
+                        "TraceAgentLoopManager call (every episode in flight at once); set data.val_batch_size "
+                        "(e.g. 64)")
+
+
+def check_sampling(config: Any, engine: EngineConfig) -> EngineConfig:
+    """Check that verl's rollout sampling settings are tracerl's and return the validation engine.
+
+    verl computes the old and new log-probs at ``actor_rollout_ref.rollout.temperature``; the
+    manager samples at tracerl's ``rollout.engine.temperature`` (and ``top_p``). A mismatch would
+    silently give wrong importance ratios, so it is refused naming both settings. tracerl samples
+    without top-k. Validation samples at ``val_kwargs`` (``do_sample=False``: greedy)."""
+    rollout = config.actor_rollout_ref.rollout
+    for key in ("temperature", "top_p"):
+        theirs, ours = float(rollout.get(key, getattr(EngineConfig(), key))), float(getattr(engine, key))
+        if theirs != ours:
+            raise UserError(f"actor_rollout_ref.rollout.{key} = {theirs:g} but tracerl's rollout.engine.{key} = "
+                            f"{ours:g}: verl computes the log-probs the update uses at its setting and the "
+                            "manager samples at tracerl's; set both to the same value")
+    val = rollout.get("val_kwargs", {}) or {}
+    for where, top_k in (("actor_rollout_ref.rollout.top_k", rollout.get("top_k", -1)),
+                         ("actor_rollout_ref.rollout.val_kwargs.top_k", val.get("top_k", -1))):
+        if top_k not in (None, -1, 0):
+            raise UserError(f"{where} = {top_k}: tracerl's rollout engine samples without top-k; set it to -1")
+    greedy = not bool(val.get("do_sample", True))
+    return dataclasses.replace(engine, temperature=0.0 if greedy else float(val.get("temperature", engine.temperature)),
+                               top_p=float(val.get("top_p", engine.top_p)))
+
+
+def check_model_path(config: Any, tracerl_path: str, preset_default: str) -> str:
+    """The one checkpoint the manager loads its tokenizer and frozen reference from: verl's
+    ``actor_rollout_ref.model.path`` (what the launch script's ``MODEL`` sets). A tracerl
+    ``model.name_or_path`` left at its preset's default follows it; one set to another
+    checkpoint is refused naming both (the reference must be the actor's initial policy)."""
+    verl_path = str(config.actor_rollout_ref.model.path)
+    if tracerl_path in (preset_default, verl_path):
+        return verl_path
+    same = os.path.exists(tracerl_path) and os.path.exists(verl_path) and os.path.samefile(tracerl_path, verl_path)
+    if not same:
+        raise UserError(f"actor_rollout_ref.model.path = {verl_path!r} but tracerl's model.name_or_path = "
+                        f"{tracerl_path!r}: the manager's tokenizer and frozen reference must be the actor's "
+                        "initial checkpoint; drop model.name_or_path from the tracerl config (it follows verl's)")
+    return verl_path
 
 
 class TraceAgentLoopManager:
@@ -140,10 +201,9 @@ class TraceAgentLoopManager:
         p = self.parts
         score = p.reference.score_nodes if p.reference is not None else None
         self.executor = LocalExecutor(RolloutEngine(self.policy, p.environment, p.fmt, p.verifier, p.engine), score)
-        val = config.actor_rollout_ref.rollout.get("val_kwargs", {})
-        val_engine = dataclasses.replace(p.engine, temperature=float(val.get("temperature", p.engine.temperature)))
+        val_engine = check_sampling(config, p.engine)
         self.val_executor = LocalExecutor(RolloutEngine(self.policy, p.environment, p.fmt, p.verifier, val_engine))
-        self.val_n = int(val.get("n", 1))
+        self.val_n = int((config.actor_rollout_ref.rollout.get("val_kwargs", {}) or {}).get("n", 1))
         self.last_trees: list[RolloutTree] = []
         self.last_metrics: dict[str, float] = {}
 
@@ -170,7 +230,7 @@ class TraceAgentLoopManager:
             tasks = [task_from_row(r) for r in rows]
             trees = self.validate(tasks, global_steps, version) if validate else self.step(tasks, global_steps, version)
             keys, fields, tags = leaf_samples(trees, {t.id: t.id for t in tasks}, dict(zip(uids, rows, strict=True)),
-                                              global_steps, version)
+                                              global_steps, version, session_per_leaf=validate)
             if keys:
                 tq.kv_batch_put(keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags)
         except BaseException:
@@ -212,12 +272,17 @@ class TraceAgentLoopManager:
 
     # --- checkpoints ---------------------------------------------------------------------
 
-    def save_state(self, folder: str | Path) -> None:
-        """The predictor's state into verl's checkpoint ``folder`` (:data:`PREDICTOR_FILE`)."""
+    def save_state(self, folder: str | Path) -> Path | None:
+        """The predictor's state into verl's checkpoint ``folder`` (:data:`PREDICTOR_FILE`, written
+        to a temporary name and renamed); the file's path, or None without a predictor."""
         if self.parts.predictor is None:
-            return
+            return None
         Path(folder).mkdir(parents=True, exist_ok=True)
-        torch.save(self.parts.predictor.state_dict(), Path(folder) / PREDICTOR_FILE)
+        path = Path(folder) / PREDICTOR_FILE
+        partial = path.with_name(path.name + ".partial")
+        torch.save(self.parts.predictor.state_dict(), partial)
+        os.replace(partial, path)
+        return path
 
     def load_state(self, folder: str | Path) -> None:
         """Restore :meth:`save_state`'s predictor state; a checkpoint without it is refused."""
@@ -232,26 +297,40 @@ class TraceAgentLoopManager:
 def build_parts(config: Any) -> TraceParts:
     """:class:`TraceParts` from ``config.tracerl``: ``preset``, ``config_file`` (a tracerl YAML) and
     ``overrides`` (``a.b=value`` strings), resolved as ``tracerl train`` would. Tokenizer and the
-    frozen reference come from tracerl's ``model.name_or_path`` (the same checkpoint as verl's
-    ``actor_rollout_ref.model.path``: the reference is the initial policy); the environment is
-    ``data.environment`` over the run's documents; the scheme, predictor and budget are ``rollout``'s."""
+    frozen reference come from verl's ``actor_rollout_ref.model.path`` (:func:`check_model_path`:
+    the reference is the actor's initial policy); the environment is ``data.environment`` over the
+    run's documents; the scheme, predictor and budget are ``rollout``'s.
+
+    The reference scores in this process (verl's TaskRunner, a Ray actor that starts with
+    ``OMP_NUM_THREADS=1``): on the CPU its torch threads are set explicitly from tracerl's
+    ``model.threads`` (0: the cores this process may use), and a reference over 1B parameters on
+    the CPU is warned about (one line: hours a step at Qwen3-4B's size)."""
     from tracerl.agent.formats import get_format
     from tracerl.allocation.predictor import SuccessPredictor
     from tracerl.allocation.schemes import get_scheme
     from tracerl.envs.verifiers import get_verifier
     from tracerl.models.precision import DTYPES
     from tracerl.models.scoring import EMPTY_THINK, ReferenceScorer
+    from tracerl.models.threads import set_threads
     from tracerl.testbed.loading import load_model
-    from tracerl.train.config import resolve_config
+    from tracerl.config.schema import resolve_config
     from tracerl.train.data import load_task_data, run_environment
 
     section = config.get("tracerl", None)
     if section is None:
         raise UserError("TraceAgentLoopManager needs a `tracerl` section: +tracerl.config_file=PATH (a tracerl YAML)")
-    cfg = resolve_config(str(section.get("preset", "trace")), config_file=section.get("config_file", None),
+    preset = str(section.get("preset", "trace"))
+    cfg = resolve_config(preset, config_file=section.get("config_file", None),
                          overrides=[str(o) for o in section.get("overrides", [])])
-    model, tokenizer = load_model(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+    path = check_model_path(config, cfg.model.name_or_path, resolve_config(preset).model.name_or_path)
+    threads = set_threads(cfg.model.threads, cfg.model.device)
+    model, tokenizer = load_model(path, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
     model.eval()
+    size = sum(p.numel() for p in model.parameters())
+    if cfg.algo.credit and threads is not None and size > 1e9:
+        warnings.warn(f"the frozen reference ({size / 1e9:.1f}B parameters) scores readiness on this process's CPU "
+                      f"with {threads} torch threads: expect hours a step; set tracerl model.device=cuda for it",
+                      stacklevel=2)
     fmt = get_format(cfg.model.format, tokenizer=tokenizer, system=cfg.model.system_prompt, tool_list=cfg.model.tool_list)
     documents = load_task_data(cfg.data, cfg.rollout.engine, cfg.seed).documents
     environment = run_environment(documents, cfg.data, cfg.rollout.engine)

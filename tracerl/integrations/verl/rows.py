@@ -96,6 +96,33 @@ def rows_from_trees(trees: Sequence[RolloutTree], pad_id: int = 0) -> VerlRows:
     return VerlRows(prompts, responses, mask, rewards, {k: object_array(v) for k, v in fields.items()}, trajs)
 
 
+def neutral_padding(fields: Mapping[str, Any], padding: Sequence[bool], keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """The tree fields with verl's padding rows made neutral.
+
+    verl pads a batch to a multiple of its mini-batch and data-parallel sizes with copies of the
+    first sample (every field, the tree fields included) under a new ``uid``, an all-zero
+    ``response_mask`` and the tag ``is_padding`` (``upsample_batch_to_divisible_size`` in
+    ``verl/trainer/ppo/padding_utils.py``). Read as they are, those rows would join the first
+    leaf's tree. Here each padding row is a tree of its own (id: its key) with no turns, reward 0,
+    no readiness and ``infra_failed``, so its advantage is 0 and it is left out of every group
+    statistic; the real rows are untouched.
+
+    Args:
+        fields: the tree fields, B rows each.
+        padding: ``is_padding`` of each row's tag.
+        keys: each row's TransferQueue key.
+    """
+    rows = len(padding)
+    out = {name: object_array(_field(fields, name, rows)) for name in TREE_FIELDS}
+    for i, pad in enumerate(padding):
+        if pad:
+            for name, value in (("tracerl_tree_id", f"padding:{keys[i]}"), ("tracerl_node_path", [0]),
+                                ("tracerl_turn_spans", []), ("tracerl_readiness", None), ("tracerl_reward", 0.0),
+                                ("tracerl_infra_failed", True)):
+                out[name][i] = value
+    return out
+
+
 def pad_rows(vectors: Sequence[Tensor], width: int) -> Tensor:
     """Per-row response-coordinate vectors (each ``[<= width]``) as verl's ``[B, width]`` float32,
     zero-padded on the right."""

@@ -21,10 +21,10 @@ import transfer_queue as tq
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from tracerl.integrations.verl.check import check_registrations
 from tracerl.integrations.verl.estimators import tree_fields
 from tracerl.integrations.verl.names import ESTIMATOR_NAMES, TRAINER_NAME
-from tracerl.integrations.verl.rows import TREE_FIELDS, object_array
+from tracerl.integrations.verl.registrations import require_registrations
+from tracerl.integrations.verl.rows import TREE_FIELDS, neutral_padding, object_array
 
 
 def _column(values: Any) -> Any:
@@ -45,7 +45,7 @@ class TraceSyncTrainer(PPOTrainerSync):
     ``tracerl_tree_anchor``) reads the tree fields each leaf carries in TransferQueue."""
 
     def __init__(self, config: Any) -> None:
-        check_registrations()
+        require_registrations()
         super().__init__(config)
 
     def _build_replay_buffer(self) -> Any:
@@ -64,14 +64,29 @@ class TraceSyncTrainer(PPOTrainerSync):
         return super().fit(agent_loop_manager)
 
     def _save_checkpoint(self) -> Any:
-        out = super()._save_checkpoint()
+        """The manager's state first, then verl's checkpoint: verl writes
+        ``latest_checkpointed_iteration.txt`` and calls ``checkpoint_callback.on_save`` last, so a
+        checkpoint that verl calls latest always holds the predictor, and upload callbacks see it.
+        With ``trainer.default_hdfs_dir`` the file is copied there too (verl's ``hdfs_io.copy``,
+        beside the actor's remote copy)."""
         if callable(getattr(self.agent_loop_manager, "save_state", None)):
-            self.agent_loop_manager.save_state(step_folder(self.config.trainer, self.global_steps))
-        return out
+            saved = self.agent_loop_manager.save_state(step_folder(self.config.trainer, self.global_steps))
+            remote = self.config.trainer.get("default_hdfs_dir", None)
+            if saved is not None and remote:
+                from verl.utils import hdfs_io
+
+                target = os.path.join(str(remote), f"global_step_{self.global_steps}")
+                hdfs_io.makedirs(target, exist_ok=True)
+                if not hdfs_io.copy(str(saved), os.path.join(target, os.path.basename(str(saved)))):
+                    raise OSError(f"could not copy {saved} to {target} (trainer.default_hdfs_dir)")
+        return super()._save_checkpoint()
 
     def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
         if self.config.algorithm.adv_estimator not in ESTIMATOR_NAMES:
             return super()._compute_advantage(batch, metrics)
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=list(TREE_FIELDS))
-        with tree_fields({name: _column(data[name]) for name in TREE_FIELDS}):
+        padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
+        metrics["tracerl/padding_rows"] = sum(padding)
+        fields = neutral_padding({name: _column(data[name]) for name in TREE_FIELDS}, padding, list(batch.keys))
+        with tree_fields(fields):
             return super()._compute_advantage(batch, metrics)

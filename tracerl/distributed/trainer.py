@@ -1,0 +1,197 @@
+"""The Trainer over several processes: rank 0 drives, ranks > 0 serve the sharded update.
+
+Rank 0 runs the whole :class:`~tracerl.train.loop.Trainer` (scheme, executor, advantages,
+predictor, logs, run lock) on an unsharded copy of the policy that its rollout backend samples
+from. Every rank, rank 0 included, holds a :class:`ShardedPolicy`: the FSDP2-sharded policy, its
+AdamW over the shards and the sharded frozen reference (when the KL term is on). Per update,
+rank 0 broadcasts a command, plans the step (:func:`~tracerl.distributed.update.plan_update`)
+and scatters each rank its share; after the update the full weights are gathered back into
+rank 0's copy (what its backend samples next and what ``policy/`` checkpoints hold).
+
+Commands (``broadcast_object``): ``update`` (then a scatter of shares), ``save``/``load`` a DCP
+folder, ``stop``. The other ranks do nothing else, so they never touch the run folder except
+``initial/`` (read) and the checkpoint's ``dcp/`` (their shards).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from tracerl.core.types import Trajectory
+from tracerl.models.lora import trainable_parameters
+from tracerl.config.schema import TrainConfig, resolve_config
+from tracerl.config.loading import ConfigError
+from tracerl.runs.sharded import load_sharded, save_sharded
+from tracerl.distributed.update import UpdateShare, plan_update, sharded_policy_update, sharded_trainer_logprobs
+from tracerl.distributed.launch import launched_world
+from tracerl.distributed.fsdp import broadcast_object, full_state_dict, init_distributed, scatter_shares, shard_model
+from tracerl.train.update import UpdateSettings, update_settings
+
+COUNT_KEYS = ("trained_tokens", "nonfinite_skipped", "scaler_skipped")
+
+
+class ShardedPolicy:
+    """One rank's shard of the policy, its optimiser and the sharded reference.
+
+    ``model`` is the unsharded policy as loaded (rank 0: the Trainer's copy, deep-copied here;
+    it is also the initial policy, so the reference copy is taken from it before any restore).
+    """
+
+    def __init__(self, config: TrainConfig, model: Any, pad_id: int, mesh: Any) -> None:
+        self.config, self.pad_id, self.mesh = config, pad_id, mesh
+        self.settings: UpdateSettings = update_settings(config)
+        dtype = config.dist.fsdp_dtype(config.model.dtype)
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.with_kl = config.optim.kl_coef > 0
+        self.reference = None
+        if self.with_kl:
+            reference = copy.deepcopy(model).eval().requires_grad_(False)
+            self.reference = shard_model(reference, self.mesh, dtype)
+        self.model = shard_model(copy.deepcopy(model), self.mesh, dtype)
+        o = config.optim
+        self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=o.lr, betas=o.betas,
+                                           weight_decay=o.weight_decay)
+
+    def run_update(self, message: dict[str, Any]) -> dict[str, float]:
+        """This rank's optimiser steps of one RL step (``message``: lr, recompute flag, shares)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = message["lr"]
+        shares: list[UpdateShare] = message["shares"]
+        merged: dict[str, float] = {}
+        if message["recompute"]:
+            shares, merged = sharded_trainer_logprobs(self.model, shares, self.settings, self.pad_id)
+        for share in shares:
+            metrics = sharded_policy_update(self.model, self.optimizer, share, self.settings, self.pad_id,
+                                            self.reference)
+            for key, value in metrics.items():  # as Trainer._update merges updates_per_step
+                merged[key] = merged.get(key, 0.0) + (value if key in COUNT_KEYS else value / len(shares))
+        return merged
+
+
+def start_driver(trainer: Any) -> Driver | None:
+    """Rank 0's hook in ``Trainer._build`` (after the optimiser is built; ``tracerl train --nproc N``
+    hands it to the Trainer as ``start_driver``): join the process group,
+    tell the other ranks the run folder, shard, and put the sharded optimiser in the Trainer.
+    None when ``dist.nproc`` is 1 (nothing changes)."""
+    cfg = trainer.config
+    if cfg.dist.nproc == 1:
+        return None
+    if launched_world() != cfg.dist.nproc:
+        raise ConfigError(f"dist.nproc = {cfg.dist.nproc} but this process was started as one of "
+                          f"{launched_world()}; use `tracerl train ... --nproc {cfg.dist.nproc}` or torchrun "
+                          f"--nproc_per_node {cfg.dist.nproc}")
+    mesh = init_distributed(cfg.dist.backend, cfg.model.device, cfg.dist.timeout_s)
+    broadcast_object(str(trainer.run_dir))  # the others load initial/ from it (written by now)
+    sharded = ShardedPolicy(cfg, trainer.model, trainer.tokenizer.pad_token_id, mesh)
+    trainer.optimizer = sharded.optimizer
+    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(sharded.optimizer, trainer.scheduler.lr_lambdas[0])
+    return Driver(sharded, trainer.model)
+
+
+class Driver:
+    """Rank 0's side of the commands, used by the Trainer's hooks."""
+
+    def __init__(self, sharded: ShardedPolicy, rollout_model: Any) -> None:
+        self.sharded, self.rollout_model = sharded, rollout_model
+
+    def update(self, pairs: list[tuple[Trajectory, torch.Tensor]], updates_per_step: int, recompute: bool,
+               scheduler: Any) -> dict[str, float]:
+        """``Trainer._update`` over all ranks: plan, scatter, update, gather; then the schedule steps."""
+        s = self.sharded
+        broadcast_object(("update", None))
+        chunks = np.array_split(np.arange(len(pairs)), min(updates_per_step, len(pairs)))
+        steps = [plan_update([pairs[i][0] for i in c], [pairs[i][1] for i in c], s.settings, s.with_kl, s.world)
+                 for c in chunks]
+        lr = s.optimizer.param_groups[0]["lr"]
+        messages = [{"lr": lr, "recompute": recompute, "shares": [step[rank] for step in steps]}
+                    for rank in range(s.world)]
+        metrics = s.run_update(scatter_shares(messages))
+        self.pull_weights()
+        with warnings.catch_warnings():  # the schedule follows RL steps, also those whose update was skipped
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+            scheduler.step()
+        return metrics
+
+    def pull_weights(self) -> None:
+        """Gather the shards into rank 0's unsharded copy (all ranks take part)."""
+        full = full_state_dict(self.sharded.model)
+        load_full_state(self.rollout_model, full)
+
+    def save(self, folder: Path) -> None:
+        broadcast_object(("save", str(folder)))
+        save_sharded(folder, self.sharded.model, self.sharded.optimizer)
+
+    def load(self, folder: Path) -> None:
+        broadcast_object(("load", str(folder)))
+        load_sharded(folder, self.sharded.model, self.sharded.optimizer)
+        self.pull_weights()
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            broadcast_object(("stop", None))
+            dist.destroy_process_group()
+
+
+def load_full_state(model: Any, state: dict[str, torch.Tensor]) -> None:
+    """Load a gathered full state dict; only tied weights (one tensor, two names) may be absent."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {name for name in missing if getattr(model.config, "tie_word_embeddings", False)
+            and name.endswith("lm_head.weight")}
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"gathered weights do not fit the policy: missing {sorted(set(missing) - tied)[:5]}, "
+                           f"unexpected {sorted(unexpected)[:5]}")
+
+
+def serve(config: TrainConfig) -> None:
+    """A rank > 0: join, load the initial policy rank 0 wrote, then run commands until ``stop``."""
+    from tracerl.testbed.loading import load_model
+    from tracerl.models.threads import set_threads
+    from tracerl.runs.initial import initial_source
+    from tracerl.train.loop import prepare_policy
+
+    set_threads(config.model.threads, config.model.device)
+    mesh = init_distributed(config.dist.backend, config.model.device, config.dist.timeout_s)
+    run_dir = Path(broadcast_object(None))
+    model, tokenizer = load_model(initial_source(run_dir / "initial"), dtype=config.model.dtype,
+                                  device=config.model.device)
+    sharded = ShardedPolicy(config, prepare_policy(model, config), tokenizer.pad_token_id, mesh)
+    del model
+    try:
+        while True:
+            kind, arg = broadcast_object(None)
+            if kind == "update":
+                sharded.run_update(scatter_shares(None))
+                full_state_dict(sharded.model)  # rank 0 gathers the new weights
+            elif kind == "save":
+                save_sharded(Path(arg), sharded.model, sharded.optimizer)
+            elif kind == "load":
+                load_sharded(Path(arg), sharded.model, sharded.optimizer)
+                full_state_dict(sharded.model)
+            elif kind == "stop":
+                break
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dist.destroy_process_group()
+
+
+def serve_rank(preset: str | None, config_file: str | None, overrides: list[str], smoke: bool | str,
+               resume: str | None, nproc: int | None, *, trust_code: bool = False) -> None:
+    """A rank > 0: the same config rank 0 resolves (for the process group's settings), then serve."""
+    from tracerl.train.run import run_folder_config
+
+    config: TrainConfig
+    if resume:
+        config = run_folder_config(Path(resume), trust_code=trust_code)
+        if nproc is not None:
+            config.dist.nproc = nproc
+    else:
+        config = resolve_config(preset or "", config_file=config_file, overrides=overrides, smoke=smoke)
+    serve(config)

@@ -1,0 +1,392 @@
+"""``RayExecutor``: rollouts on Ray actors, each holding a :class:`~tracerl.rollout.executor.LocalExecutor`.
+
+The driver (the trainer's process) plans; ``rollout.workers`` actors in one placement group
+execute. Each actor builds its executor with the builder a plain-data
+:class:`~tracerl.rollout.worker_spec.WorkerSpec` names (it loads the initial policy; weights follow
+with each ``sync_weights``). This module imports Ray; nothing else in tracerl does, and it loads
+no model code on the driver (the actors import it).
+
+- Ownership: a tree lives on worker :func:`~tracerl.core.protocol.worker_of` (a stable hash of its task id), so ``prompt_states`` and
+  ``start`` of one task reach the same worker (its prefill KV serves the start) and every
+  expansion of a tree reaches the worker holding it. Calls fan out in parallel; the merged
+  result lists the deltas in request order (first touch), as one executor would.
+- The driver keeps a copy of every tree it has results for (deltas applied in request order),
+  its task and branch counters: what an adopting worker needs.
+- Faults: a worker that dies, or has not answered within ``rollout.request_timeout_s``, is
+  killed and replaced by a fresh actor in its bundle; the replacement takes the last weights,
+  adopts the dead worker's trees (``adopt``: episodes replayed without tool calls) and gets the
+  failed call's requests again, unchanged (same seeds and branch indices), so the step ends with
+  the trees it would have had; a failed call returned nothing, so nothing is counted twice.
+  ``rollout.max_worker_restarts`` replacements per worker; then :class:`WorkerLostError`.
+- Weights: ``(name, tensor)`` buckets through ``rollout.weight_sync``
+  (:mod:`tracerl.rollout.weight_sync`); the backends clear their prefix caches on every sync.
+
+:meth:`RayExecutor.take_metrics` gives the step's ``time_sync_weights``, ``sync_bytes``,
+``worker_failures``, ``requests_retried`` and each worker's generated tokens per second.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from tracerl.core.protocol import (
+    AdoptRequest,
+    ExpandRequest,
+    RolloutResult,
+    ScoreRequest,
+    ScoreResult,
+    StartRequest,
+    apply_delta,
+    tree_delta,
+    worker_of,
+)
+from tracerl.core.types import RolloutTree
+from tracerl.errors import UserError
+from tracerl.rollout.ray_worker import RolloutWorker
+from tracerl.rollout.weight_sync import bucket_bytes, pack
+from tracerl.rollout.worker_spec import WorkerSpec
+
+ScoreFn = Callable[[Sequence[ScoreRequest]], ScoreResult]
+_FAULTS = (RayActorError, GetTimeoutError)
+"""What makes a worker failed (dead, or silent past the timeout); errors its executor raises
+(a refused version, a bad request) reach the caller as they are."""
+
+
+_ACTOR: Any = None  # the Ray actor class of RolloutWorker (made once per process)
+
+
+class WorkerLostError(UserError):
+    """A rollout worker failed more often than ``rollout.max_worker_restarts`` allows."""
+
+
+class RayExecutor:
+    """The rollout executor protocol over Ray actors (see the module docstring).
+
+    ``score``: the driver's readiness scorer (``rollout.readiness_on = driver``), else None."""
+
+    def __init__(self, spec: WorkerSpec, score: ScoreFn | None = None) -> None:
+        rollout = spec.config["rollout"]
+        self.spec = spec
+        self.n = int(rollout.get("workers", 1))
+        self.weight_sync = str(rollout.get("weight_sync", "object_store"))
+        self.readiness_on = str(rollout.get("readiness_on", "driver"))
+        self.timeout = float(rollout.get("request_timeout_s", 600.0))
+        self.max_restarts = int(rollout.get("max_worker_restarts", 3))
+        self.build_timeout = max(self.timeout, 600.0)  # building a worker (loading a model) is not a request
+        self.driver_score = score
+        self.version = int(spec.version)
+        res = rollout.get("worker_resources", {}) or {}
+        self.resources = {"num_cpus": float(res.get("cpus", 1.0)), "num_gpus": float(res.get("gpus", 0.0))}
+        scorers = int(rollout.get("scoring_workers", 1)) if self.readiness_on == "scoring_workers" else 0
+        _connect(str(rollout.get("ray_address", "")), (self.n + scorers) * self.resources["num_cpus"])
+        bundle = {k: v for k, v in (("CPU", self.resources["num_cpus"]), ("GPU", self.resources["num_gpus"])) if v > 0}
+        self.group = placement_group([dict(bundle) for _ in range(self.n + scorers)], strategy="PACK")
+        ray.get(self.group.ready(), timeout=self.timeout)
+        self.actors = [self._spawn(i) for i in range(self.n + scorers)]
+        ray.get([a.pid.remote() for a in self.actors], timeout=self.build_timeout)  # built (model loaded) before step 1
+        self.restarts = [0] * (self.n + scorers)
+        self._weights: Any = None  # the last weights payload (an ObjectRef): a replacement loads it
+        self.trees: dict[str, RolloutTree] = {}
+        self.tasks: dict[str, dict[str, Any]] = {}
+        self.branches: dict[str, dict[int, int]] = {}
+        self._metrics: dict[str, float] = {}
+        if self.weight_sync == "nccl":
+            self._join_nccl()
+
+    # --- the protocol ----------------------------------------------------------------------
+
+    @property
+    def names(self) -> list[str]:
+        return [f"w{i}" for i in range(len(self.actors))]
+
+    def prompt_ids(self, tasks: Sequence[dict[str, Any]]) -> list[list[int]]:
+        return self._by_task("prompt_ids", tasks)
+
+    def prompt_states(self, tasks: Sequence[dict[str, Any]]) -> list[list[float] | None]:
+        """On each task's owner, which keeps the prefill's KV for the start that follows."""
+        return self._by_task("prompt_states", tasks)
+
+    def start(self, requests: Sequence[StartRequest]) -> RolloutResult:
+        for r in requests:
+            self.tasks[r.tree_id] = r.task
+        shares = self._shares(requests, lambda r: worker_of(r.task["id"], self.n))
+        result = self._rollout_call("start", requests, shares)
+        for r in requests:
+            self.branches[r.tree_id] = {0: int(r.n)}
+        return result
+
+    def expand(self, requests: Sequence[ExpandRequest]) -> RolloutResult:
+        unknown = [r.tree_id for r in requests if r.tree_id not in self.tasks]
+        if unknown:
+            raise ValueError(f"expand of trees {unknown} that no start of this executor produced")
+        shares = self._shares(requests, lambda r: worker_of(self.tasks[r.tree_id]["id"], self.n))
+        result = self._rollout_call("expand", requests, shares)
+        for r in requests:
+            counts = self.branches[r.tree_id]
+            first = counts.get(r.node_id, 0) if r.first_branch is None else r.first_branch
+            counts[r.node_id] = max(counts.get(r.node_id, 0), first + r.k)
+        return result
+
+    def adopt(self, requests: Sequence[AdoptRequest]) -> None:
+        """Trees from elsewhere: their owners take them over (and this driver's copy is theirs)."""
+        for req in requests:
+            self.trees.pop(req.tree.tree_id, None)
+            apply_delta(self.trees, req.tree)
+            self.tasks[req.tree.tree_id] = req.task
+            self.branches[req.tree.tree_id] = {int(k): v for k, v in req.branches.items()}
+        shares = self._shares(requests, lambda r: worker_of(r.task["id"], self.n))
+        self._fan_out("adopt", shares)
+
+    def score(self, requests: Sequence[ScoreRequest]) -> ScoreResult:
+        """Readiness where ``rollout.readiness_on`` says: the driver, the trees' owners or the scoring actors."""
+        if not requests:
+            return ScoreResult()
+        if self.readiness_on == "driver":
+            if self.driver_score is None:
+                raise ValueError("rollout.readiness_on = 'driver' but the driver has no reference scorer "
+                                 "(readiness needs algo.credit = true)")
+            return self.driver_score(requests)
+        if self.readiness_on == "workers":
+            shares = self._shares(requests, lambda r: worker_of(r.task_id, self.n))
+        else:
+            scorers = list(range(self.n, len(self.actors)))
+            shares = {}
+            for i, r in enumerate(requests):  # round robin over the scoring actors
+                shares.setdefault(scorers[i % len(scorers)], []).append(r)
+        merged = ScoreResult()
+        for part in self._fan_out("score", shares).values():
+            for tree, nodes in part.nodes.items():
+                merged.nodes.setdefault(tree, {}).update(nodes)
+            for tree, leaves in part.trajectories.items():
+                merged.trajectories.setdefault(tree, {}).update(leaves)
+        return merged
+
+    def sync_weights(self, weights: Any, version: int) -> None:
+        """Every worker takes ``weights`` (the trainer's model, or buckets) as ``version``."""
+        clock = time.perf_counter()
+        if isinstance(weights, list):
+            buckets = weights
+        else:
+            from tracerl.models.weights import weight_buckets  # torch only: no model code
+
+            buckets = list(weight_buckets(weights))
+        self._weights = ray.put(pack(buckets, self.weight_sync))
+        pending = [a.sync.remote(self._weights, int(version), self.weight_sync) for a in self.actors]
+        if self.weight_sync == "nccl":
+            from tracerl.rollout.weight_sync import broadcast
+
+            broadcast(buckets)
+        ray.get(pending, timeout=self.timeout)
+        self.version = int(version)
+        self._add("time_sync_weights", time.perf_counter() - clock)
+        self._add("sync_bytes", float(bucket_bytes(buckets)))
+
+    def forget(self, tree_ids: Sequence[str]) -> None:
+        shares = self._shares([t for t in tree_ids if t in self.tasks], lambda t: worker_of(self.tasks[t]["id"], self.n))
+        self._fan_out("forget", shares, retry=False)
+        for t in tree_ids:
+            self.trees.pop(t, None)
+            self.tasks.pop(t, None)
+            self.branches.pop(t, None)
+
+    def evaluate(self, tasks: Sequence[Any], samples: int = 1, seed: int = 0) -> dict[str, float]:
+        """On worker 0 (one engine: the same numbers as a local executor)."""
+        return self._fan_out("evaluate", {0: [list(tasks), samples, seed]}, unpack_args=True)[0]
+
+    def eval_state(self) -> dict[str, int]:
+        """Worker 0's (it runs every evaluation)."""
+        return self._fan_out("eval_state", {0: []}, unpack_args=True)[0]
+
+    def load_eval_state(self, state: Mapping[str, int]) -> None:
+        self._fan_out("load_eval_state", {0: [dict(state)]}, unpack_args=True)
+
+    def clear_prefix_cache(self) -> None:
+        self._fan_out("clear_prefix_cache", {i: [] for i in range(len(self.actors))}, unpack_args=True)
+
+    def sleep(self, level: int = 1) -> None:
+        self._fan_out("sleep", {i: [level] for i in range(self.n)}, unpack_args=True)
+
+    def wake_up(self) -> None:
+        self._fan_out("wake_up", {i: [] for i in range(self.n)}, unpack_args=True)
+
+    def take_metrics(self) -> dict[str, float]:
+        """This step's counters and timings (then reset): ``time_sync_weights``, ``sync_bytes``,
+        ``worker_failures``, ``requests_retried``, ``worker_<name>_tokens_per_s``."""
+        out = {"worker_failures": 0.0, "requests_retried": 0.0, "time_sync_weights": 0.0, "sync_bytes": 0.0}
+        out.update(self._metrics)
+        for name in self.names[: self.n]:
+            tokens, seconds = out.pop(f"_tokens_{name}", 0.0), out.pop(f"_seconds_{name}", 0.0)
+            out[f"worker_{name}_tokens_per_s"] = tokens / seconds if seconds > 0 else 0.0
+        self._metrics = {}
+        return out
+
+    def close(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        remove_placement_group(self.group)
+
+    # --- fan-out and faults ------------------------------------------------------------------
+
+    def _spawn(self, index: int) -> Any:
+        """A fresh actor in bundle ``index``, at the current version (a replacement then loads the
+        last weights, when there were any since the initial policy)."""
+        global _ACTOR
+        if _ACTOR is None:
+            _ACTOR = ray.remote(RolloutWorker)
+        actor = _ACTOR.options(
+            max_restarts=0, max_task_retries=0, **self.resources,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index))
+        return actor.remote(replace(self.spec, worker=f"w{index}", version=self.version), self.weight_sync)
+
+    def _by_task(self, method: str, tasks: Sequence[dict[str, Any]]) -> list[Any]:
+        shares = self._shares(list(range(len(tasks))), lambda i: worker_of(tasks[i]["id"], self.n))
+        answers = self._fan_out(method, {w: [tasks[i] for i in idx] for w, idx in shares.items()})
+        out: list[Any] = [None] * len(tasks)
+        for w, idx in shares.items():
+            for i, value in zip(idx, answers[w], strict=True):
+                out[i] = value
+        return out
+
+    @staticmethod
+    def _shares(items: Sequence[Any], key: Callable[[Any], int]) -> dict[int, list[Any]]:
+        """``items`` by worker, each worker's in their original order."""
+        out: dict[int, list[Any]] = {}
+        for item in items:
+            out.setdefault(key(item), []).append(item)
+        return out
+
+    def _rollout_call(self, method: str, requests: Sequence[Any], shares: dict[int, list[Any]]) -> RolloutResult:
+        """``start``/``expand`` fanned out; one merged result, deltas in request order, applied to the copies."""
+        clock = time.perf_counter()
+        parts = self._fan_out(method, shares)
+        by_tree = {d.tree_id: d for part in parts.values() for d in part.deltas}
+        deltas = [by_tree[t] for t in dict.fromkeys(r.tree_id for r in requests) if t in by_tree]
+        for delta in deltas:
+            if delta.prompt_ids is not None:
+                self.trees.pop(delta.tree_id, None)
+            apply_delta(self.trees, delta)
+        for part in parts.values():
+            self._add(f"_tokens_{part.worker}", float(part.generated_tokens))
+            self._add(f"_seconds_{part.worker}", part.seconds)
+        return RolloutResult(deltas, sum(p.rollouts for p in parts.values()),
+                             sum(p.generated_tokens for p in parts.values()), version=self.version, worker="ray",
+                             seconds=time.perf_counter() - clock,
+                             tool_stats=_merge_tool_stats([p.tool_stats for p in parts.values()]),
+                             backend_stats=_sum_counts([p.backend_stats for p in parts.values()]))
+
+    def _fan_out(self, method: str, shares: dict[int, list[Any]], *, retry: bool = True,
+                 unpack_args: bool = False) -> dict[int, Any]:
+        """``method`` on each worker with its share, in parallel; a failed worker is replaced and
+        its share sent again (``retry``), until it answers or its restarts are spent."""
+        def submit(w: int) -> Any:
+            args = shares[w] if unpack_args else [shares[w]]
+            return self.actors[w].call.remote(method, *args)
+
+        pending = {w: (submit(w), time.monotonic()) for w in shares}
+        out: dict[int, Any] = {}
+        while pending:
+            w, (ref, since) = next(iter(pending.items()))
+            try:
+                out[w] = ray.get(ref, timeout=max(0.0, since + self.timeout - time.monotonic()))
+            except _FAULTS as err:
+                self._replace(w, err)
+                if not retry:
+                    del pending[w]
+                    continue
+                self._add("requests_retried", float(len(shares[w]) if not unpack_args else 1))
+                pending[w] = (submit(w), time.monotonic())
+                continue
+            del pending[w]
+        return out
+
+    def _replace(self, w: int, err: BaseException) -> None:
+        """Worker ``w`` failed: a fresh actor in its bundle with the last weights and its trees."""
+        self._add("worker_failures", 1.0)
+        owned = sorted(t for t, task in self.tasks.items() if worker_of(task["id"], self.n) == w)
+        while True:
+            self.restarts[w] += 1
+            if self.restarts[w] > self.max_restarts:
+                raise WorkerLostError(
+                    f"rollout worker w{w} failed {self.restarts[w]} times (rollout.max_worker_restarts = "
+                    f"{self.max_restarts}); its trees: {', '.join(owned) or 'none'}; last error: {_one_line(err)}")
+            ray.kill(self.actors[w], no_restart=True)  # a silent worker must not answer late
+            self.actors[w] = self._spawn(w)
+            try:
+                ray.get(self.actors[w].pid.remote(), timeout=self.build_timeout)
+                if self._weights is not None:
+                    ray.get(self.actors[w].sync.remote(self._weights, self.version, self.weight_sync),
+                            timeout=self.build_timeout)
+                adopt = [self._adopt_request(t) for t in owned if t in self.trees]
+                if adopt:
+                    ray.get(self.actors[w].call.remote("adopt", adopt), timeout=self.build_timeout)
+                return
+            except _FAULTS as again:
+                self._add("worker_failures", 1.0)
+                err = again
+
+    def _adopt_request(self, tree_id: str) -> AdoptRequest:
+        branches = {str(k): v for k, v in sorted(self.branches.get(tree_id, {}).items())}
+        return AdoptRequest(self.tasks[tree_id], tree_delta(self.trees[tree_id]), branches)
+
+    def _join_nccl(self) -> None:
+        import torch.distributed as dist
+
+        address = f"tcp://{ray.util.get_node_ip_address()}:{29500 + os.getpid() % 1000}"
+        world = len(self.actors) + 1
+        pending = [a.join_group.remote(address, world, i + 1) for i, a in enumerate(self.actors)]
+        dist.init_process_group("nccl", init_method=address, world_size=world, rank=0)
+        ray.get(pending, timeout=self.timeout)
+
+    def _add(self, key: str, value: float) -> None:
+        self._metrics[key] = self._metrics.get(key, 0.0) + value
+
+
+def _connect(address: str, cpus: float) -> None:
+    """Join ``address``, or start a local cluster with room for the workers (once per process)."""
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=max(int(cpus + 0.999), os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+
+
+def _merge_tool_stats(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``dataclasses.asdict(ToolStats)`` records of several workers as one: numbers summed, dicts
+    merged key by key (per-tool ``[calls, failures]`` pairs summed), the latest non-empty text kept."""
+    out: dict[str, Any] = {}
+    for record in records:
+        out = _merge(out, record)
+    return out
+
+
+def _merge(a: Any, b: Any) -> Any:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {**a, **{k: _merge(a[k], v) if k in a else v for k, v in b.items()}}
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return [_merge(x, y) for x, y in zip(a, b, strict=True)]
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return a + b
+    return b if b or b == 0 else a
+
+
+def _sum_counts(records: Sequence[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for record in records:
+        for key, value in record.items():
+            out[key] = out.get(key, 0) + int(value)
+    return out
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:300]}"

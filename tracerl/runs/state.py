@@ -1,0 +1,215 @@
+"""The run folder's lifecycle as the :class:`~tracerl.train.loop.Trainer` sees it.
+
+:class:`RunLifecycle` (the Trainer's base class) claims and locks the run folder, reads or writes
+its ``initial/`` policy, checkpoints the trainer's state (:meth:`RunLifecycle.save`), restores it
+on resume (:meth:`RunLifecycle._restore`) and releases the folder (:meth:`RunLifecycle.close`).
+The folder's files and their atomic writes are :mod:`tracerl.runs.folder`'s, the checkpoint
+format :mod:`tracerl.runs.checkpoint`'s; the training step is :mod:`tracerl.train.loop`'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tracerl.errors import UserError
+from tracerl.testbed.loading import load_model
+from tracerl.models.threads import set_threads
+from tracerl.runs.checkpoint import (
+    LATEST,
+    RngState,
+    first_nonfinite,
+    latest_checkpoint,
+    load_policy_into,
+    load_trainer_state,
+    save_checkpoint,
+)
+from tracerl.config.schema import TrainConfig, config_to_yaml
+from tracerl.runs.initial import has_initial, initial_source, write_initial
+from tracerl.runs.folder import (
+    LOCK_FILE,
+    RunFolderError,
+    RunLock,
+    check_run_folder,
+    discard_partial_run,
+    refuse_if_state,
+    remove_stale_temps,
+    write_atomic,
+)
+
+INITIAL = "initial"
+"""Run sub-folder with the initial policy (a copy, or a checked reference to an on-disk base
+model; see runs/initial.py): the frozen reference is always rebuilt from it."""
+
+
+class NonFiniteTrainingError(UserError, RuntimeError):
+    """Training produced NaN/inf: too many skipped steps in a row, or non-finite weights at a save.
+
+    A :class:`~tracerl.errors.UserError` (the fix is a setting: the learning rate, the rewards), so
+    the command line prints its one line; still a ``RuntimeError`` for code that catches that."""
+
+
+class RunLifecycle:
+    """The run-folder half of :class:`~tracerl.train.loop.Trainer` (its base class).
+
+    Uses the Trainer's ``config``, ``run_dir``, ``fmt``, the model, optimiser, scheduler, scaler,
+    predictor, generator, counters, executor and logs; :meth:`_claim_run_folder` sets ``lock``.
+    """
+
+    config: TrainConfig
+    run_dir: Path
+    resume_from: Path | None
+    lock: RunLock
+    _created_dir: bool
+    fmt: Any
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+    predictor: Any
+    generator: Any
+    executor: Any
+    log: Any
+    rollout_log: Any
+    step_index: int
+    cursor: int
+    totals: dict[str, int]
+    nonfinite: dict[str, int]
+    tool_health: Any
+    divergence: Any
+    data: Any
+    driver: Any = None
+    """Rank 0's :class:`~tracerl.distributed.trainer.Driver` when ``dist.nproc > 1``."""
+
+    def _claim_run_folder(self, resume: bool) -> Path | None:
+        """Lock the folder, clear temporaries, check its state; the checkpoint to resume from."""
+        self._created_dir = not self.run_dir.exists()
+        check_run_folder(self.run_dir)  # no link inside may lead a write or a delete outside it
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = RunLock(self.run_dir)
+        try:
+            remove_stale_temps(self.run_dir, holding_lock=True)
+            folder = latest_checkpoint(self.run_dir) if resume else None
+            if not resume:
+                refuse_if_state(self.run_dir)
+            elif folder is None:  # killed before the first checkpoint: nothing trained survives
+                discard_partial_run(self.run_dir)
+            if folder is None:
+                write_atomic(self.run_dir / "config.yaml", config_to_yaml(self.config).encode())
+            elif not has_initial(self.run_dir / INITIAL):
+                raise RunFolderError(f"{self.run_dir / INITIAL} is missing: the frozen reference of this run "
+                                     "cannot be rebuilt, so it cannot be resumed")
+        except BaseException:
+            self.lock.release()
+            raise
+        return folder
+
+    def _initial_policy(self) -> tuple[Any, Any]:
+        """The initial policy: read from ``initial/`` on resume, else built and ``initial/`` written
+        atomically (a reference for an on-disk base model, a copy otherwise; runs/initial.py).
+        Sets the CPU thread count first (models/threads.py: loading and everything after use it)."""
+        cfg = self.config
+        set_threads(cfg.model.threads, cfg.model.device)
+        initial = self.run_dir / INITIAL
+        # A LoRA base is loaded on the CPU and moved once cast to the working precision
+        # (tracerl.train.loop.prepare_policy), so the GPU never holds its float32 copy (2x the budgeted memory).
+        device = "cpu" if cfg.model.lora.r > 0 else cfg.model.device
+        if self.resume_from is not None:
+            source = initial_source(initial)  # a vanished or changed referenced base model is named here
+            try:
+                return load_model(source, dtype=cfg.model.dtype, device=device)
+            except (OSError, ValueError) as err:
+                raise RunFolderError(f"{source} is damaged ({type(err).__name__}: {err}); "
+                                     "the run cannot be resumed") from None
+        vocab = None
+        if cfg.model.name_or_path == "random-tiny":
+            from tracerl.envs.coverage import tool_texts
+            from tracerl.testbed.tiny_data import vocabulary_texts
+            vocab = vocabulary_texts(cfg.data.world, self.fmt) + tool_texts(self.data.environment.tools)
+        model, tokenizer = load_model(
+            cfg.model.name_or_path, vocabulary_texts=vocab, tiny_preset=cfg.model.tiny_preset,
+            dtype=cfg.model.dtype, device=device, seed=cfg.seed)
+        write_initial(initial, model, tokenizer, cfg.model.name_or_path)
+        return model, tokenizer
+
+    def _last_good(self) -> str:
+        pointer = self.run_dir / LATEST
+        if not pointer.exists():
+            return "No checkpoint was written yet"
+        return f"The last good checkpoint is {self.run_dir / pointer.read_text().strip()} (LATEST)"
+
+    def save(self) -> Path:
+        """Checkpoint the current step (once: saving a step already in ``LATEST`` returns it).
+
+        Raises :class:`NonFiniteTrainingError` and writes nothing when a weight is NaN or infinite,
+        so ``LATEST`` stays on the previous good checkpoint.
+        """
+        current = latest_checkpoint(self.run_dir)
+        if current is not None and current.name == f"ckpt-{self.step_index:06d}":
+            return current
+        bad = first_nonfinite(self.model.named_parameters())
+        if bad is not None:
+            raise NonFiniteTrainingError(f"parameter {bad} is not finite at step {self.step_index}; "
+                                         f"not checkpointing it. {self._last_good()}")
+        state = {
+            "step": self.step_index,
+            "cursor": self.cursor,
+            "totals": dict(self.totals),
+            "nonfinite": dict(self.nonfinite),
+            "optimizer": self.optimizer.state_dict() if self.driver is None else None,  # sharded: in dcp/
+            "scheduler": self.scheduler.state_dict(),
+            "predictor": self.predictor.state_dict() if self.predictor is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "rng": RngState.capture(self.generator).to_dict(),
+            "tool_health": self.tool_health.state_dict(),  # per-tool failure streaks
+            "eval_trees_started": self.executor.eval_state()["trees_started"],  # seeds evaluation episodes
+            "divergence": self.divergence.state_dict(),  # the running baselines of the divergence tests
+        }
+        sharded = {"write_sharded": self.driver.save} if self.driver is not None else {}  # every rank's shards
+        return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
+                               config_to_yaml(self.config), self.config.log.keep_last, **sharded)
+
+    def _restore(self, folder: Path) -> None:
+        load_policy_into(self.model, folder)
+        state = load_trainer_state(folder)
+        if state["optimizer"] is None or self.driver is not None:  # written or read by sharded training
+            from tracerl.runs.sharded import load_sharded_state  # the sharded path only
+
+            load_sharded_state(folder, self.model, self.optimizer, self.driver)
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.predictor is not None and state["predictor"] is not None:
+            self.predictor.load_state_dict(state["predictor"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step_index, self.cursor, self.totals = state["step"], state["cursor"], state["totals"]
+        self.nonfinite = dict(state.get("nonfinite", self.nonfinite))
+        RngState.from_dict(state["rng"]).restore(self.generator)
+        self.tool_health.load_state_dict(state.get("tool_health", {}))
+        self.executor.load_eval_state({"trees_started": state.get("eval_trees_started", 0)})
+        self.divergence.load_state_dict(state.get("divergence", {}))
+        self.executor.sync_weights(self.model, self.step_index)  # the backend samples from the loaded weights
+        self.log.truncate_after(self.step_index)
+        self.rollout_log.truncate_after(self.step_index)
+
+    def close(self, *, discard: bool = False) -> None:
+        """Release the run folder (idempotent). ``discard``: a fresh start failed during set-up,
+        so remove what it wrote (and the folder when this Trainer created it)."""
+        if getattr(self, "driver", None) is not None:  # the other ranks stop serving
+            self.driver.close()
+            self.driver = None
+        if getattr(self, "log", None) is not None:
+            self.log.close()
+        engine, self.reference_engine = getattr(self, "reference_engine", None), None
+        if engine is not None:
+            engine.close()
+        if discard and self.lock.held:
+            discard_partial_run(self.run_dir)
+            (self.run_dir / "config.yaml").unlink(missing_ok=True)
+            if self._created_dir and [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
+                (self.run_dir / LOCK_FILE).unlink()
+                self.lock.release()
+                self.run_dir.rmdir()
+        self.lock.release()
