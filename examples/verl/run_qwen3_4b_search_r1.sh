@@ -5,17 +5,22 @@
 # Before: pip install -e '.[verl]' plus verl's GPU stack (vllm, flash-attn) on the GPU machine;
 #   verl's examples/data_preprocess/preprocess_search_r1_dataset.py (from a verl 0.9.1 checkout)
 #   -> $DATA/train.parquet, $DATA/test.parquet (prompt, reward_model.ground_truth.target, extra_info);
-#   tracerl data convert ... -> data/search_r1/{tasks,corpus}.jsonl (the corpus the search tool reads;
+#   tracerl data convert ... -> $CORPUS/{tasks,corpus}.jsonl (the corpus the search tool reads;
 #   the parquet's questions are what the manager trains on).
+# MODEL is the one model path: verl's actor and tracerl's tokenizer and frozen reference both take it
+# (the manager refuses a tracerl config that names another checkpoint). Paths are made absolute here:
+# verl's TaskRunner, where the manager runs, may start on another node and in another directory.
 set -euo pipefail
 MODEL=${MODEL:-Qwen/Qwen3-4B}
-DATA=${DATA:-$HOME/data/searchR1}
+DATA=$(realpath "${DATA:-$HOME/data/searchR1}")
+CORPUS=$(realpath "${CORPUS:-data/search_r1}")
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 python3 -m verl.trainer.main_ppo \
   data.train_files="$DATA/train.parquet" \
   data.val_files="$DATA/test.parquet" \
   data.train_batch_size=64 \
+  data.val_batch_size=64 \
   data.max_prompt_length=1024 \
   data.max_response_length=3072 \
   actor_rollout_ref.model.path="$MODEL" \
@@ -37,6 +42,7 @@ python3 -m verl.trainer.main_ppo \
   trainer.v1.trainer_mode=tracerl_sync \
   +tracerl.preset=trace \
   +tracerl.config_file="$HERE/qwen3_4b_search_r1.yaml" \
+  "+tracerl.overrides=['data.tasks=$CORPUS/tasks.jsonl','data.corpus=$CORPUS/corpus.jsonl']" \
   trainer.n_gpus_per_node=8 \
   trainer.nnodes=1 \
   trainer.save_freq=20 \

@@ -31,7 +31,6 @@ from tracerl.allocation.schemes import SchemeConfig, get_scheme  # noqa: E402
 from tracerl.allocation.session import RolloutSession  # noqa: E402
 from tracerl.core.advantages import AdvantageBatch, AdvantageOptions, get_estimator  # noqa: E402
 from tracerl.core.seeds import derive_seed  # noqa: E402
-from tracerl.core.types import Task  # noqa: E402
 from tracerl.errors import UserError  # noqa: E402
 from tracerl.integrations.verl.rows import TREE_FIELDS, object_array, pad_rows, rows_from_trees  # noqa: E402
 from tracerl.models.scoring import ReferenceScorer  # noqa: E402
@@ -111,7 +110,8 @@ def _reference_trees(tasks, global_steps: int):
     engine = make_engine(policy, env)
     scorer = ReferenceScorer(policy.model, policy.tokenizer, engine.fmt)
     session = RolloutSession(LocalExecutor(engine, scorer.score_nodes), seed=derive_seed(SEED, "verl_step", global_steps))
-    result = _scheme().collect(session, list(tasks), BUDGET)
+    planner = torch.Generator().manual_seed(derive_seed(SEED, "verl_plan", global_steps))
+    result = _scheme().collect(session, list(tasks), BUDGET, planner)
     session.score(result.trees)
     return result
 
@@ -131,7 +131,8 @@ def step(cluster, servers):
     for h in handles.values():
         h.take_requests.remote()
     manager.generate_sequences(batch)
-    tasks = [Task(id=u, question=t.question, answers=t.answers) for u, t in zip(uids, tasks, strict=True)]  # as read
+    assert [t.question for t in manager.last_tasks] == [t.question for t in tasks]
+    tasks = manager.last_tasks  # as read: ids stable across runs, not verl's uuid4 uids
     requests = {name: cluster[0].get(h.take_requests.remote()) for name, h in handles.items()}
     return manager, tasks, uids, requests, tq.kv_list(partition_id="train")["train"]
 
@@ -176,7 +177,7 @@ def test_every_request_of_a_tree_reached_one_server(step) -> None:
 
 
 def test_leaves_in_transfer_queue_carry_their_own_rewards(step, cluster) -> None:
-    manager, _, uids, _, listing = step
+    manager, tasks, uids, _, listing = step
     _, tq = cluster
     assert all(listing[u]["status"] == "finished" and listing[u]["is_prompt"] for u in uids)
     keys = sorted(k for k in listing if not listing[k].get("is_prompt", False))
@@ -193,7 +194,7 @@ def test_leaves_in_transfer_queue_carry_their_own_rewards(step, cluster) -> None
         assert data["response_mask"][i].tolist() == [int(s) for s in traj.sampled[p:]]
         assert data["rollout_log_probs"][i].tolist() == pytest.approx(traj.old_logprobs[p:])
         assert float(data["rm_scores"][i].sum()) == traj.reward == float(data["tracerl_reward"][i])
-        assert data["uid"][i] == key.split("_")[0] == traj.task_id
+        assert data["uid"][i] == key.split("_")[0] == uids[[x.id for x in tasks].index(traj.task_id)]
         by_tree.setdefault(traj.tree_id, set()).add(traj.reward)
     assert any(len(r) == 2 for r in by_tree.values())  # a tree's leaves differ: not the last leaf's reward copied
 
@@ -438,3 +439,15 @@ def test_the_predictor_is_saved_before_verl_calls_the_checkpoint_latest(step, tm
     trainer._save_checkpoint()
     assert seen == [True]
     assert (tmp_path / "remote" / "global_step_3" / PREDICTOR_FILE).is_file()
+
+
+def test_task_ids_are_the_same_in_every_run() -> None:
+    """verl's uids are fresh uuid4s; tracerl's sampling seeds derive from task ids, so ids come from the data."""
+    from tracerl.integrations.verl.manager import stable_ids
+
+    rows = [{"uid": "u1", "data_source": "nq", "extra_info": {"index": 7}},
+            {"uid": "u2", "data_source": "nq", "extra_info": {"index": 7}},
+            {"uid": "u3", "raw_prompt": [{"role": "user", "content": "Who?"}]}]
+    ids = stable_ids(rows)
+    assert ids[:2] == ["nq-7", "nq-7.1"] and len(ids[2]) == 16
+    assert stable_ids([{**r, "uid": "other"} for r in rows]) == ids

@@ -5,7 +5,11 @@
   ``register_adv_est``;
 * :mod:`.trainer`: the ``tracerl_sync`` trainer, verl's sync trainer whose advantage step hands
   the tree fields to the estimator;
-* :mod:`.plugin`: the ``verl.plugins`` entry point that registers both on ``import verl``;
+* :mod:`.hf_rollout`: ``tracerl_hf``, tracerl's HF backend as a verl rollout server (replica,
+  server actor, weight-sync adapter);
+* :mod:`.plugin`: the ``verl.plugins`` entry point that registers all three on ``import verl``;
+* :mod:`.cpu`: verl on the CPU (a platform class and the few verl internals it adapts), loaded
+  through ``VERL_USE_EXTERNAL_MODULES`` with ``VERL_PLATFORM=cpu``;
 * :mod:`.check`: the start-up check, because verl hides plug-in import errors;
 * :mod:`.registrations`: what verl's registries lack of tracerl's names (the trainer's refusal);
 * :mod:`.server_policy`: ``VerlServerPolicy``, a tracerl policy backend over verl's ``LLMServerClient``;

@@ -6,7 +6,8 @@ verl's v1 trainer registers each prompt of a batch in TransferQueue (key = its `
 buffer until every prompt's tag says ``finished``; it trains on the samples whose keys start with
 ``{uid}_``. This manager, in the trainer's process:
 
-1. reads the tasks from the batch (:func:`task_from_row`: question, gold answers, ``uid``);
+1. reads the tasks from the batch (:func:`task_from_row`: question, gold answers; task ids from
+   the data, :func:`stable_ids`, so every run and every resume samples the same rows);
 2. plans with tracerl's TRACE scheme and success predictor (a :class:`RolloutSession` on a
    :class:`LocalExecutor` whose engine samples through :class:`VerlServerPolicy` over verl's
    ``LLMServerClient``: request id = tree id, per-row seeds, stop strings, log-probs, weights step
@@ -30,7 +31,10 @@ called by the ``tracerl_sync`` trainer).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -84,10 +88,11 @@ def _gold(reward_model: Any) -> tuple[str, ...]:
     return tuple(str(a) for a in list(truth if truth is not None else []))
 
 
-def task_from_row(row: Mapping[str, Any]) -> Task:
-    """A batch row as a tracerl task: id = verl's ``uid``; question = ``extra_info.question`` or the
-    last user message of ``raw_prompt`` (tracerl's format renders the prompt itself); answers =
-    ``reward_model.ground_truth`` (a string, a list, or Search-R1's ``{"target": [...]}``)."""
+def task_from_row(row: Mapping[str, Any], task_id: str | None = None) -> Task:
+    """A batch row as a tracerl task: id = ``task_id`` (default: verl's ``uid``); question =
+    ``extra_info.question`` or the last user message of ``raw_prompt`` (tracerl's format renders the
+    prompt itself); answers = ``reward_model.ground_truth`` (a string, a list, or Search-R1's
+    ``{"target": [...]}``)."""
     uid = str(row["uid"])
     extra = row.get("extra_info") or {}
     question = extra.get("question") if isinstance(extra, Mapping) else None
@@ -99,7 +104,27 @@ def task_from_row(row: Mapping[str, Any]) -> Task:
     answers = _gold(row.get("reward_model"))
     if not answers:
         raise UserError(f"prompt {uid}: reward_model.ground_truth holds no gold answer")
-    return Task(id=uid, question=str(question), answers=answers)
+    return Task(id=uid if task_id is None else task_id, question=str(question), answers=answers)
+
+
+def stable_ids(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Task ids that are the same in every run: ``{data_source}-{extra_info.index}`` (else a hash of
+    the prompt), ``.k`` added to a repeat within the batch. verl's ``uid`` is a fresh ``uuid4`` per
+    row, and tracerl derives every row's sampling seed from the tree's task id, so ids from uids
+    would make two runs (or a run and its resume) sample differently."""
+    out, seen = [], {}
+    for row in rows:
+        extra = row.get("extra_info") or {}
+        index = extra.get("index") if isinstance(extra, Mapping) else None
+        if index is not None:
+            base = f"{row.get('data_source', 'data')}-{index}"
+        else:
+            text = json.dumps(row.get("raw_prompt") or row.get("prompt"), sort_keys=True, default=str)
+            base = hashlib.sha1(text.encode()).hexdigest()[:16]
+        k = seen.get(base, 0)
+        seen[base] = k + 1
+        out.append(base if k == 0 else f"{base}.{k}")
+    return out
 
 
 def batch_rows(batch: Any) -> list[dict[str, Any]]:
@@ -118,10 +143,11 @@ def batch_rows(batch: Any) -> list[dict[str, Any]]:
     return rows
 
 
-SERVERS = ("vllm",)
+SERVERS = ("vllm", "tracerl_hf")
 """verl rollout servers whose sampling parameters :class:`VerlServerPolicy` speaks (vLLM's names:
-``max_tokens``, ``include_stop_str_in_output``, ``seed``, ``logprobs``). SGLang takes other names
-and passes unknown ones through unchecked, so it is refused rather than run with ignored stops."""
+``max_tokens``, ``include_stop_str_in_output``, ``seed``, ``logprobs``): vLLM's and tracerl's HF
+server (:mod:`.hf_rollout`). SGLang takes other names and passes unknown ones through unchecked,
+so it is refused rather than run with ignored stops."""
 
 
 def check_verl_config(config: Any) -> None:
@@ -205,6 +231,7 @@ class TraceAgentLoopManager:
         self.val_executor = LocalExecutor(RolloutEngine(self.policy, p.environment, p.fmt, p.verifier, val_engine))
         self.val_n = int((config.actor_rollout_ref.rollout.get("val_kwargs", {}) or {}).get("n", 1))
         self.last_trees: list[RolloutTree] = []
+        self.last_tasks: list[Task] = []
         self.last_metrics: dict[str, float] = {}
 
     @classmethod
@@ -227,10 +254,12 @@ class TraceAgentLoopManager:
             global_steps = int(rows[0]["global_steps"])
             # sync trainer: step g samples with the weights of step g - 1; validation after step g with g's
             version = global_steps if validate else global_steps - 1
-            tasks = [task_from_row(r) for r in rows]
+            tasks = [task_from_row(r, i) for r, i in zip(rows, stable_ids(rows), strict=True)]
+            self.last_tasks = tasks
             trees = self.validate(tasks, global_steps, version) if validate else self.step(tasks, global_steps, version)
-            keys, fields, tags = leaf_samples(trees, {t.id: t.id for t in tasks}, dict(zip(uids, rows, strict=True)),
-                                              global_steps, version, session_per_leaf=validate)
+            keys, fields, tags = leaf_samples(trees, {t.id: u for t, u in zip(tasks, uids, strict=True)},
+                                              dict(zip(uids, rows, strict=True)), global_steps, version,
+                                              session_per_leaf=validate)
             if keys:
                 tq.kv_batch_put(keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags)
         except BaseException:
@@ -248,13 +277,17 @@ class TraceAgentLoopManager:
         p = self.parts
         self.executor.sync_weights(None, version)
         session = RolloutSession(self.executor, seed=derive_seed(p.seed, "verl_step", global_steps), version=version)
-        result = p.scheme.collect(session, list(tasks), p.budget)
+        start, tokens = time.perf_counter(), self.policy.stats["generated_tokens"]
+        planner = torch.Generator().manual_seed(derive_seed(p.seed, "verl_plan", global_steps))  # the same on resume
+        result = p.scheme.collect(session, list(tasks), p.budget, planner)
         if p.reference is not None:
             session.score(result.trees)  # leaves of the last top-up are not scored by the scheme
         if result.cost.rollouts != p.budget:
             raise RuntimeError(f"step {global_steps}: the scheme spent {result.cost.rollouts} rollouts "
                                f"of the budget {p.budget}")
-        self.last_metrics = dict(result.info)
+        seconds, tokens = time.perf_counter() - start, self.policy.stats["generated_tokens"] - tokens
+        self.last_metrics = {**result.info, "leaves": float(p.budget), "rollout_seconds": seconds,
+                             "generated_tokens": float(tokens), "rollout_tokens_per_s": tokens / max(seconds, 1e-9)}
         if p.predictor is not None:
             self.last_metrics.update(p.predictor.update(result.trees))
         session.forget()

@@ -39,6 +39,37 @@ def step_folder(trainer: Any, global_steps: int, resuming: bool = False) -> str:
     return os.path.join(root if os.path.isabs(root) else os.path.join(os.getcwd(), root), f"global_step_{global_steps}")
 
 
+def advantage_gap(batch: Any, padding: list[bool], trees: list[Any], config: Any) -> tuple[float, float]:
+    """Largest ``|verl's advantage - tracerl's|`` over the batch's tokens (each real leaf against
+    tracerl's own estimator on the manager's trees, each padding row against 0), and the largest
+    ``|advantage|`` of a real leaf (``+tracerl.check_advantages=true``; one TransferQueue read a step)."""
+    import torch
+
+    from tracerl.core.advantages import AdvantageBatch, get_estimator
+    from tracerl.integrations.verl.estimators import options_from
+
+    got = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                          select_fields=["advantages", "response_mask", "tracerl_tree_id", "tracerl_node_path"])
+    leaves = {(t.tree_id, t.node_path[-1]): t for tree in trees for t in tree.trajectories.values()}
+    real = [i for i, pad in enumerate(padding) if not pad]
+    order = [leaves[(got["tracerl_tree_id"][i], list(got["tracerl_node_path"][i])[-1])] for i in real]
+    name = ESTIMATOR_NAMES[str(config.algorithm.adv_estimator)]
+    want = get_estimator(name)(AdvantageBatch(order, {t.tree_id: t for t in trees}), options_from(config.algorithm))
+    advantages, masks = (got[k].to_padded_tensor(0) if getattr(got[k], "is_nested", False) else got[k]
+                         for k in ("advantages", "response_mask"))
+    gap = max((float(advantages[i].abs().max()) for i, pad in enumerate(padding) if pad), default=0.0)
+    largest = max((float(a.abs().max()) for a in want if a.numel()), default=0.0)
+    for i, traj, adv in zip(real, order, want, strict=True):
+        expected = adv[len(traj.prompt_ids):].float()
+        sampled = torch.tensor(traj.sampled[len(traj.prompt_ids):], dtype=torch.bool)
+        if not torch.equal(masks[i][: expected.numel()].bool(), sampled):
+            raise ValueError(f"row {i}: response_mask is not the leaf's sampled mask")
+        row = advantages[i].float()
+        gap = max(gap, float((row[: expected.numel()] - expected).abs().max()),
+                  float(row[expected.numel():].abs().max()) if row.numel() > expected.numel() else 0.0)
+    return gap, largest
+
+
 @register_trainer(TRAINER_NAME)
 class TraceSyncTrainer(PPOTrainerSync):
     """verl's sync trainer; ``algorithm.adv_estimator=tracerl_trace_credit`` (or
@@ -87,6 +118,13 @@ class TraceSyncTrainer(PPOTrainerSync):
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=list(TREE_FIELDS))
         padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
         metrics["tracerl/padding_rows"] = sum(padding)
+        metrics["tracerl/trained_leaves"] = len(padding) - sum(padding)
+        manager = getattr(self, "agent_loop_manager", None)
+        metrics.update({f"tracerl/{k}": v for k, v in (getattr(manager, "last_metrics", None) or {}).items()})
         fields = neutral_padding({name: _column(data[name]) for name in TREE_FIELDS}, padding, list(batch.keys))
         with tree_fields(fields):
-            return super()._compute_advantage(batch, metrics)
+            out = super()._compute_advantage(batch, metrics)
+        if self.config.get("tracerl", {}).get("check_advantages", False) and manager is not None:
+            gap, largest = advantage_gap(batch, padding, manager.last_trees, self.config)
+            metrics["tracerl/advantage_max_abs_diff"], metrics["tracerl/advantage_max_abs"] = gap, largest
+        return out

@@ -1,0 +1,118 @@
+"""verl's own trainer with TRACE, end to end on the CPU (run with `make test-verl`; skipped where verl
+is missing): `python -m verl.trainer.main_ppo` with the `tracerl_sync` trainer, the
+`TraceAgentLoopManager`, `tracerl_trace_credit` and tracerl's HF rollout server (`tracerl_hf`), on
+the smoke tiny model, exactly as `examples/verl/cpu/{prepare.py,run.sh}` run it.
+
+Three runs: 3 steps straight; 2 steps (a validation first, a checkpoint each step); then a resume
+of those 2 steps to 3. Step 3 of the resumed run must equal step 3 of the straight one exactly in
+every metric that is not a clock reading or the sampler's float noise (:data:`SAMPLER_FLOAT`):
+rewards, tokens, advantages, losses, gradient norm, and the predictor's loss and Brier score."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl")
+pytestmark = pytest.mark.verl
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "verl" / "cpu"
+BUDGET, PADDED = 10, 12  # leaves a step; verl pads to a multiple of ppo_mini_batch_size = 4
+CLOCK = re.compile(r"timing|time|throughput|perf/|_per_s|seconds|mfu|memory")
+"""Metric names that read a clock or the machine, left out of the exact comparison."""
+SAMPLER_FLOAT = re.compile(r"^rollout_corr/|^training/rollout_")
+"""Statistics of the servers' sampling-time log-probs against the actor's: the HF server samples
+the requests that arrive together as one batch, and a batch's composition moves its log-probs at
+float precision (about 1e-7, two fresh runs differ as much), never its tokens; left out too."""
+
+
+def _env(cache: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "VERL_"))}
+    return {**env, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(cache), "PYTHON": sys.executable,
+            "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def _run(out: Path, env: dict[str, str], *overrides: str) -> str:
+    done = subprocess.run(["bash", str(EXAMPLE / "run.sh"), str(out), *overrides], env=env, capture_output=True,
+                          text=True, timeout=600)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-6000:]
+    return log
+
+
+def steps(log: str) -> dict[int, dict[str, float]]:
+    """verl's console metrics: ``step:N - key:value - ...`` lines, values as floats."""
+    out: dict[int, dict[str, float]] = {}
+    for line in log.splitlines():
+        found = re.search(r"step:(\d+) - (.*)$", line)
+        if not found:
+            continue
+        metrics = out.setdefault(int(found.group(1)), {})
+        for item in found.group(2).split(" - "):
+            key, _, value = item.partition(":")
+            number = re.search(r"-?\d+(\.\d+)?(e[-+]?\d+)?|nan|inf", value)
+            if number:
+                metrics[key.strip()] = float(number.group(0))
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("verl_e2e")
+    env = _env(base / "cache")
+    prepared = subprocess.run([sys.executable, str(EXAMPLE / "prepare.py"), str(base / "straight")], env=env,
+                              capture_output=True, text=True, timeout=600)
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    shutil.copytree(base / "straight", base / "resumed")
+    straight = _run(base / "straight", env, "trainer.total_training_steps=3")
+    first = _run(base / "resumed", env)
+    latest = (base / "resumed" / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip()
+    resumed = _run(base / "resumed", env, "trainer.total_training_steps=3")
+    return base, steps(straight), first, steps(first), latest, resumed, steps(resumed)
+
+
+def test_two_steps_a_validation_and_a_checkpoint(runs) -> None:
+    base, _, first, metrics, latest, _, _ = runs
+    assert "Initial validation metrics" in first and sorted(metrics) == [0, 1, 2]
+    assert "val-core/synthwiki/reward/mean@1" in metrics[0]
+    assert latest == "2"
+    for step in (1, 2):
+        folder = base / "resumed" / "ckpt" / f"global_step_{step}"
+        assert (folder / "tracerl_predictor.pt").is_file() and (folder / "actor").is_dir()
+
+
+def test_every_leaf_advantage_is_tracerls_and_padding_weighs_nothing(runs) -> None:
+    _, straight, _, _, _, _, _ = runs
+    for step in (1, 2, 3):
+        m = straight[step]
+        assert m["tracerl/advantage_max_abs_diff"] == 0.0, (step, m["tracerl/advantage_max_abs_diff"])
+        assert (m["tracerl/trained_leaves"], m["tracerl/padding_rows"], m["tracerl/leaves"]) == (BUDGET, PADDED - BUDGET,
+                                                                                                  BUDGET)
+    assert max(straight[s]["tracerl/advantage_max_abs"] for s in (1, 2, 3)) > 0  # the check compared something
+
+
+def test_the_resumed_run_continues_exactly(runs) -> None:
+    _, straight, _, _, _, log, resumed = runs
+    assert "global_step_2" in log and 3 in resumed and 1 not in resumed
+    want = {k: v for k, v in straight[3].items() if not CLOCK.search(k) and not SAMPLER_FLOAT.search(k)}
+    got = {k: v for k, v in resumed[3].items() if not CLOCK.search(k) and not SAMPLER_FLOAT.search(k)}
+    assert {"tracerl/brier", "tracerl/generated_tokens", "actor/pg_loss", "actor/grad_norm"} <= set(want)
+    differ = {k: (want[k], got.get(k)) for k in want if not (want[k] == got.get(k) or (want[k] != want[k] and
+                                                                                          got.get(k) != got.get(k)))}
+    assert differ == {}
+
+
+def test_the_cpu_adapter_refuses_another_verl() -> None:
+    from tracerl.errors import UserError
+    from tracerl.integrations.verl import cpu
+
+    cpu.check_version()  # the installed verl is the pinned one
+    with pytest.raises(UserError, match=r"adapts verl 0\.9\.1, found verl 0\.9\.2"):
+        cpu.check_version("0.9.2")
