@@ -151,3 +151,12 @@ def test_the_core_imports_only_torch_numpy_and_the_standard_library() -> None:
 
 def test_train_is_a_room_not_a_grab_bag() -> None:
     assert len(list((ROOT / "tracerl" / "train").glob("*.py"))) <= 18
+
+
+def test_the_readme_layout_names_every_room() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("```\ntracerl/\n"):]
+    block = block[: block.index("```", 4)]
+    listed = {line.split()[0].rstrip("/") for line in block.splitlines()[2:] if line.startswith("  ") and line[2] != " "}
+    rooms = {p.name for p in (ROOT / "tracerl").iterdir() if p.is_dir() and (p / "__init__.py").exists()} | {"cli.py"}
+    assert listed == rooms

@@ -34,13 +34,16 @@ python3 -m verl.trainer.main_ppo \
   actor_rollout_ref.actor.ppo_mini_batch_size=64 \
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \
-  actor_rollout_ref.actor.use_kl_loss=False \
+  actor_rollout_ref.actor.use_kl_loss=True \
+  actor_rollout_ref.actor.kl_loss_coef=0.0 \
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
   algorithm.adv_estimator=tracerl_trace_credit \
   algorithm.use_kl_in_reward=False \
   +algorithm.tracerl.w_turn=0.2 \
   reward.reward_model.enable=False \
   trainer.v1.trainer_mode=tracerl_sync \
   +tracerl.preset=trace \
+  +tracerl.readiness=reference_worker \
   +tracerl.config_file="$HERE/qwen3_4b_search_r1.yaml" \
   "+tracerl.overrides=['data.tasks=$CORPUS/tasks.jsonl','data.corpus=$CORPUS/corpus.jsonl']" \
   trainer.n_gpus_per_node=8 \

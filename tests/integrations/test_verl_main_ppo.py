@@ -1,7 +1,9 @@
 """verl's own trainer with TRACE, end to end on the CPU (run with `make test-verl`; skipped where verl
 is missing): `python -m verl.trainer.main_ppo` with the `tracerl_sync` trainer, the
 `TraceAgentLoopManager`, `tracerl_trace_credit` and tracerl's HF rollout server (`tracerl_hf`), on
-the smoke tiny model, exactly as `examples/verl/cpu/{prepare.py,run.sh}` run it.
+the smoke tiny model, exactly as `examples/verl/cpu/{prepare.py,run.sh}` run it: readiness scored on
+verl's reference worker (`+tracerl.readiness=reference_worker`), checked against tracerl's own HF
+reference and estimator in the run (`+tracerl.check=true`).
 
 Three runs: 3 steps straight; 2 steps (a validation first, a checkpoint each step); then a resume
 of those 2 steps to 3. Step 3 of the resumed run must equal step 3 of the straight one exactly in
@@ -88,13 +90,15 @@ def test_two_steps_a_validation_and_a_checkpoint(runs) -> None:
         assert (folder / "tracerl_predictor.pt").is_file() and (folder / "actor").is_dir()
 
 
-def test_every_leaf_advantage_is_tracerls_and_padding_weighs_nothing(runs) -> None:
+def test_every_leaf_advantage_is_tracerls_readiness_is_the_references_and_padding_weighs_nothing(runs) -> None:
     _, straight, _, _, _, _, _ = runs
     for step in (1, 2, 3):
         m = straight[step]
         assert m["tracerl/advantage_max_abs_diff"] == 0.0, (step, m["tracerl/advantage_max_abs_diff"])
         assert (m["tracerl/trained_leaves"], m["tracerl/padding_rows"], m["tracerl/leaves"]) == (BUDGET, PADDED - BUDGET,
                                                                                                   BUDGET)
+        # readiness scored on verl's reference worker equals tracerl's HF ReferenceScorer
+        assert m["tracerl/reference_rows"] > 0 and m["tracerl/readiness_max_abs_diff"] <= 1e-5, m
     assert max(straight[s]["tracerl/advantage_max_abs"] for s in (1, 2, 3)) > 0  # the check compared something
 
 

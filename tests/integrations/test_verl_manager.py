@@ -451,3 +451,19 @@ def test_task_ids_are_the_same_in_every_run() -> None:
     ids = stable_ids(rows)
     assert ids[:2] == ["nq-7", "nq-7.1"] and len(ids[2]) == 16
     assert stable_ids([{**r, "uid": "other"} for r in rows]) == ids
+
+
+def test_readiness_on_a_reference_worker_verl_does_not_build_is_refused(monkeypatch) -> None:
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from tracerl.integrations.verl.reference import VerlReference
+
+    trainer = _advantage_trainer()
+    trainer.use_reference_policy, trainer.ref_in_actor = False, False
+    manager = type("M", (), {"verl_reference": VerlReference()})()
+    with pytest.raises(UserError, match=r"reference_worker scores on verl's reference worker, which this run does "
+                                        r"not build: set actor_rollout_ref.actor.use_kl_loss=True"):
+        trainer.fit(manager)
+    trainer.use_reference_policy = True
+    monkeypatch.setattr(PPOTrainerSync, "fit", lambda self, m: "fitted")
+    assert trainer.fit(manager) == "fitted" and manager.verl_reference.compute == trainer.reference_logprobs

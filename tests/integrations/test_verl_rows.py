@@ -75,3 +75,41 @@ def test_bad_fields_name_the_row() -> None:
     del fields["tracerl_readiness"]
     with pytest.raises(ValueError, match="no field 'tracerl_readiness'"):
         batch_from_fields(fields, rows.response_mask)
+
+
+def test_verl_reference_rows_give_the_hf_readiness() -> None:
+    """``VerlReference`` turns scoring jobs into (prefix + opener, answer) rows, each distinct row
+    once; with per-token log-probs of those rows (here from the same HF model, as verl's reference
+    worker returns them) it gives ``score_prefixes_batched``'s readiness."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    from helpers_tiny import tiny_model
+
+    from tracerl.errors import UserError
+    from tracerl.integrations.verl.reference import VerlReference
+    from tracerl.models.batched_scoring import score_prefixes_batched
+    from tracerl.models.scoring_plan import ScoreRequest
+
+    model = tiny_model(50, seed=3).eval()
+    calls = []
+
+    def compute(rows):
+        calls.append(len(rows))
+        out = []
+        for prompt, response in rows:
+            ids = torch.tensor([list(prompt) + list(response)])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(ids).logits.float(), -1)[0]
+            out.append(torch.stack([logp[len(prompt) - 1 + j, tok] for j, tok in enumerate(response)]))
+        return out
+
+    jobs = [ScoreRequest((5, 6, 7, 8, 9), (2, 5), (11, 12), (4,)), ScoreRequest((5, 6, 7), (2,), (11, 12), (4,))]
+    reference = VerlReference()
+    with pytest.raises(UserError, match="tracerl_sync trainer hands over"):
+        reference(None, jobs)
+    reference.compute, reference.check = compute, model
+    got = reference(None, jobs)
+    want = score_prefixes_batched(model, jobs)
+    assert calls == [2]  # (5, 6, 4 | 11, 12) is asked twice, sent once
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert reference.max_gap < 1e-5 and reference.rows == 2

@@ -162,13 +162,19 @@ class ReferenceScorer:
 
     ``batch_scorer`` replaces :func:`score_prefixes_batched` in :meth:`score` (it is handed
     ``self.model``, which it may ignore: a vLLM engine holding the same frozen weights);
-    :meth:`readiness` and the KL term always run the HF model.
+    :meth:`readiness` and the KL term always run the HF model. ``model`` may be None when
+    ``batch_scorer`` holds the weights elsewhere (verl's reference worker): then only the batched
+    paths (:meth:`score`, :meth:`score_nodes`) work.
     """
 
     def __init__(self, model: Any, tokenizer: Any, fmt: Any, method: Method | None = None,
                  dtype: torch.dtype | None = None, batch_scorer: BatchScorer | None = None,
                  answer_prefix: str = "") -> None:
-        if is_peft_model(model):
+        if model is None:
+            if batch_scorer is None:
+                raise ValueError("ReferenceScorer: model=None needs a batch_scorer that holds the weights")
+            self.model = None
+        elif is_peft_model(model):
             self.model = model  # shared with the policy; frozen() switches the adapter off
         else:
             self.model = copy.deepcopy(model)

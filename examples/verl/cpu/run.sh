@@ -32,7 +32,7 @@ exec "${PYTHON:-python3}" -m verl.trainer.main_ppo \
   algorithm.adv_estimator=tracerl_trace_credit algorithm.use_kl_in_reward=False \
   reward.reward_model.enable=False reward.num_workers=1 \
   trainer.v1.trainer_mode=tracerl_sync \
-  +tracerl.preset=trace +tracerl.config_file="$OUT/tracerl.yaml" +tracerl.check_advantages=true \
+  +tracerl.preset=trace +tracerl.config_file="$OUT/tracerl.yaml" +tracerl.readiness=reference_worker +tracerl.check=true \
   transfer_queue.backend.SimpleStorage.num_data_storage_units=1 \
   trainer.device=cpu trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.logger='[console]' \
   trainer.total_training_steps=2 trainer.save_freq=1 trainer.val_before_train=True trainer.test_freq=-1 \

@@ -52,6 +52,7 @@ from tracerl.core.types import RolloutTree, Task
 from tracerl.errors import UserError
 from tracerl.integrations.verl.check import check_registrations
 from tracerl.integrations.verl.leaves import leaf_samples
+from tracerl.integrations.verl.reference import VerlReference
 from tracerl.integrations.verl.server_policy import VerlServerPolicy
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
 from tracerl.rollout.executor import LocalExecutor
@@ -75,8 +76,11 @@ class TraceParts:
     """Rollouts (= leaves = verl samples) per step."""
     predictor: Any = None
     reference: Any = None
-    """The frozen HF ``ReferenceScorer`` (readiness, in this process); None without TRACE credit."""
+    """The frozen ``ReferenceScorer`` (readiness); None without TRACE credit."""
     seed: int = 0
+    verl_reference: Any = None
+    """With ``+tracerl.readiness=reference_worker``: the :class:`~.reference.VerlReference` the
+    reference scores through (the ``tracerl_sync`` trainer connects it to verl's reference worker)."""
 
 
 def _gold(reward_model: Any) -> tuple[str, ...]:
@@ -143,6 +147,9 @@ def batch_rows(batch: Any) -> list[dict[str, Any]]:
     return rows
 
 
+READINESS = ("in_process", "reference_worker")
+"""Where the frozen reference scores readiness (``+tracerl.readiness``): an HF copy in this process,
+or verl's own reference worker (:mod:`.reference`)."""
 SERVERS = ("vllm", "tracerl_hf")
 """verl rollout servers whose sampling parameters :class:`VerlServerPolicy` speaks (vLLM's names:
 ``max_tokens``, ``include_stop_str_in_output``, ``seed``, ``logprobs``): vLLM's and tracerl's HF
@@ -223,6 +230,7 @@ class TraceAgentLoopManager:
         self.config = config
         self.llm_client = llm_client
         self.parts = parts if parts is not None else build_parts(config)
+        self.verl_reference = self.parts.verl_reference
         self.policy = VerlServerPolicy(llm_client, self.parts.tokenizer)
         p = self.parts
         score = p.reference.score_nodes if p.reference is not None else None
@@ -279,6 +287,8 @@ class TraceAgentLoopManager:
         session = RolloutSession(self.executor, seed=derive_seed(p.seed, "verl_step", global_steps), version=version)
         start, tokens = time.perf_counter(), self.policy.stats["generated_tokens"]
         planner = torch.Generator().manual_seed(derive_seed(p.seed, "verl_plan", global_steps))  # the same on resume
+        if p.verl_reference is not None:  # its counts are the step's
+            p.verl_reference.rows, p.verl_reference.max_gap = 0, 0.0
         result = p.scheme.collect(session, list(tasks), p.budget, planner)
         if p.reference is not None:
             session.score(result.trees)  # leaves of the last top-up are not scored by the scheme
@@ -288,6 +298,10 @@ class TraceAgentLoopManager:
         seconds, tokens = time.perf_counter() - start, self.policy.stats["generated_tokens"] - tokens
         self.last_metrics = {**result.info, "leaves": float(p.budget), "rollout_seconds": seconds,
                              "generated_tokens": float(tokens), "rollout_tokens_per_s": tokens / max(seconds, 1e-9)}
+        if p.verl_reference is not None:
+            self.last_metrics["reference_rows"] = float(p.verl_reference.rows)
+            if p.verl_reference.check is not None:
+                self.last_metrics["readiness_max_abs_diff"] = p.verl_reference.max_gap
         if p.predictor is not None:
             self.last_metrics.update(p.predictor.update(result.trees))
         session.forget()
@@ -334,10 +348,14 @@ def build_parts(config: Any) -> TraceParts:
     the reference is the actor's initial policy); the environment is ``data.environment`` over the
     run's documents; the scheme, predictor and budget are ``rollout``'s.
 
-    The reference scores in this process (verl's TaskRunner, a Ray actor that starts with
-    ``OMP_NUM_THREADS=1``): on the CPU its torch threads are set explicitly from tracerl's
-    ``model.threads`` (0: the cores this process may use), and a reference over 1B parameters on
-    the CPU is warned about (one line: hours a step at Qwen3-4B's size)."""
+    ``+tracerl.readiness`` says where the frozen reference scores readiness: ``in_process`` (the
+    default: an HF copy in this process, verl's TaskRunner, a Ray actor that starts with
+    ``OMP_NUM_THREADS=1``; on the CPU its torch threads are set explicitly from tracerl's
+    ``model.threads``, 0: the cores this process may use, and a reference over 1B parameters on the
+    CPU is warned about in one line) or ``reference_worker`` (verl's own reference worker, through
+    the ``tracerl_sync`` trainer: :mod:`.reference`; only the tokenizer is loaded here).
+    ``+tracerl.check=true`` loads the HF copy beside it and logs the largest readiness difference
+    (``tracerl/readiness_max_abs_diff``); the trainer then also compares every advantage."""
     from tracerl.agent.formats import get_format
     from tracerl.allocation.predictor import SuccessPredictor
     from tracerl.allocation.schemes import get_scheme
@@ -355,26 +373,41 @@ def build_parts(config: Any) -> TraceParts:
     preset = str(section.get("preset", "trace"))
     cfg = resolve_config(preset, config_file=section.get("config_file", None),
                          overrides=[str(o) for o in section.get("overrides", [])])
+    readiness = str(section.get("readiness", "in_process"))
+    if readiness not in READINESS:
+        raise UserError(f"tracerl.readiness = {readiness!r} is not valid; allowed values: {', '.join(READINESS)}")
     path = check_model_path(config, cfg.model.name_or_path, resolve_config(preset).model.name_or_path)
     threads = set_threads(cfg.model.threads, cfg.model.device)
-    model, tokenizer = load_model(path, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
-    model.eval()
-    size = sum(p.numel() for p in model.parameters())
-    if cfg.algo.credit and threads is not None and size > 1e9:
-        warnings.warn(f"the frozen reference ({size / 1e9:.1f}B parameters) scores readiness on this process's CPU "
-                      f"with {threads} torch threads: expect hours a step; set tracerl model.device=cuda for it",
-                      stacklevel=2)
+    on_worker = cfg.algo.credit and readiness == "reference_worker"
+    check = bool(section.get("check", False))
+    model = None
+    if on_worker and not check:  # the weights stay in verl's reference worker: the tokenizer is all it needs
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    else:
+        model, tokenizer = load_model(path, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
+        model.eval()
+        size = sum(p.numel() for p in model.parameters())
+        if cfg.algo.credit and not on_worker and threads is not None and size > 1e9:
+            warnings.warn(f"the frozen reference ({size / 1e9:.1f}B parameters) scores readiness on this process's "
+                          f"CPU with {threads} torch threads: expect hours a step; set +tracerl.readiness="
+                          "reference_worker (verl's reference worker) or tracerl model.device=cuda", stacklevel=2)
     fmt = get_format(cfg.model.format, tokenizer=tokenizer, system=cfg.model.system_prompt, tool_list=cfg.model.tool_list)
     documents = load_task_data(cfg.data, cfg.rollout.engine, cfg.seed).documents
     environment = run_environment(documents, cfg.data, cfg.rollout.engine)
-    reference = None
-    if cfg.algo.credit:
-        reference = ReferenceScorer(model, tokenizer, fmt, dtype=DTYPES["bfloat16"] if cfg.model.dtype == "bfloat16" else None,
-                                    answer_prefix=EMPTY_THINK if cfg.algo.score_after_empty_think else "")
+    reference, verl_reference = None, None
+    prefix = EMPTY_THINK if cfg.algo.score_after_empty_think else ""
+    if on_worker:
+        verl_reference = VerlReference(check=model)
+        reference = ReferenceScorer(None, tokenizer, fmt, batch_scorer=verl_reference, answer_prefix=prefix)
+    elif cfg.algo.credit:
+        reference = ReferenceScorer(model, tokenizer, fmt, answer_prefix=prefix,
+                                    dtype=DTYPES["bfloat16"] if cfg.model.dtype == "bfloat16" else None)
     predictor = SuccessPredictor(cfg.predictor) if cfg.uses_predictor else None
     if predictor is not None and cfg.predictor.uses_hidden:
         raise UserError(f"predictor.features = {cfg.predictor.features!r}: verl's servers return no hidden states; "
                         "use predictor.features = handcrafted")
     scheme = get_scheme(cfg.rollout.scheme, cfg.rollout.schemes, predictor, reference is not None)
     return TraceParts(tokenizer, fmt, environment, get_verifier(cfg.data.verifier), cfg.rollout.engine, scheme,
-                      cfg.rollout.budget, predictor, reference, cfg.seed)
+                      cfg.rollout.budget, predictor, reference, cfg.seed, verl_reference)

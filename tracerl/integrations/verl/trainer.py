@@ -21,10 +21,15 @@ import transfer_queue as tq
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
+from tracerl.errors import UserError
 from tracerl.integrations.verl.estimators import tree_fields
 from tracerl.integrations.verl.names import ESTIMATOR_NAMES, TRAINER_NAME
 from tracerl.integrations.verl.registrations import require_registrations
 from tracerl.integrations.verl.rows import TREE_FIELDS, neutral_padding, object_array
+
+
+REFERENCE_PARTITION = "tracerl_reference"
+"""TransferQueue partition of the readiness rows scored on verl's reference worker."""
 
 
 def _column(values: Any) -> Any:
@@ -42,7 +47,7 @@ def step_folder(trainer: Any, global_steps: int, resuming: bool = False) -> str:
 def advantage_gap(batch: Any, padding: list[bool], trees: list[Any], config: Any) -> tuple[float, float]:
     """Largest ``|verl's advantage - tracerl's|`` over the batch's tokens (each real leaf against
     tracerl's own estimator on the manager's trees, each padding row against 0), and the largest
-    ``|advantage|`` of a real leaf (``+tracerl.check_advantages=true``; one TransferQueue read a step)."""
+    ``|advantage|`` of a real leaf (``+tracerl.check=true``; one TransferQueue read a step)."""
     import torch
 
     from tracerl.core.advantages import AdvantageBatch, get_estimator
@@ -89,6 +94,13 @@ class TraceSyncTrainer(PPOTrainerSync):
         return out
 
     def fit(self, agent_loop_manager: Any) -> Any:
+        reference = getattr(agent_loop_manager, "verl_reference", None)
+        if reference is not None:  # +tracerl.readiness=reference_worker: readiness through verl's reference
+            if not (self.use_reference_policy or self.ref_in_actor):
+                raise UserError("+tracerl.readiness=reference_worker scores on verl's reference worker, which this "
+                                "run does not build: set actor_rollout_ref.actor.use_kl_loss=True (kl_loss_coef=0 "
+                                "leaves the loss as it is) or +tracerl.readiness=in_process")
+            reference.compute = self.reference_logprobs
         resume = getattr(self, "_tracerl_resume", None)
         if resume is not None and callable(getattr(agent_loop_manager, "load_state", None)):
             agent_loop_manager.load_state(resume)
@@ -112,6 +124,54 @@ class TraceSyncTrainer(PPOTrainerSync):
                     raise OSError(f"could not copy {saved} to {target} (trainer.default_hdfs_dir)")
         return super()._save_checkpoint()
 
+    def reference_logprobs(self, rows: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> list[Any]:
+        """verl's frozen-reference log-probs (temperature 1) of each ``(prompt_ids, response_ids)``
+        row's response tokens: the rows go into a TransferQueue partition of their own, padded to
+        the reference's data-parallel size, through the same worker call as verl's
+        ``_compute_ref_log_prob`` (the actor with its adapter off when the reference lives there)."""
+        import torch
+        from transfer_queue.metadata import KVBatchMeta
+        from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
+        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+        from verl.workers.utils.padding import response_from_nested
+
+        self._tracerl_ref_calls = getattr(self, "_tracerl_ref_calls", 0) + 1
+        keys, fields, tags = [], [], []
+        for i, (prompt, response) in enumerate(rows):
+            prompt_t, response_t = torch.tensor(prompt, dtype=torch.int64), torch.tensor(response, dtype=torch.int64)
+            ids = torch.cat([prompt_t, response_t])
+            keys.append(f"tracerlref{self._tracerl_ref_calls}x{i}_0_0")
+            mask = torch.ones_like(response_t)
+            fields.append({"prompts": prompt_t, "responses": response_t, "response_mask": mask, "loss_mask": mask,
+                           "input_ids": ids, "attention_mask": torch.ones_like(ids),
+                           "position_ids": torch.arange(ids.numel(), dtype=torch.int64)})
+            tags.append({"status": "success", "prompt_len": len(prompt), "response_len": len(response),
+                         "seq_len": ids.numel()})
+        tq.kv_batch_put(keys=keys, partition_id=REFERENCE_PARTITION, fields=list_of_dict_to_tensordict(fields), tags=tags)
+        group = self.actor_rollout_wg if self.ref_in_actor else self.ref_policy_wg
+        role = "actor" if self.ref_in_actor else "ref"
+        if role not in group._dispatch_info:
+            group._dispatch_info[role] = group._query_dispatch_info(role)
+        section = self.config.actor_rollout_ref.rollout if self.ref_in_actor else self.config.actor_rollout_ref.ref
+        micro = 1 if section.get("log_prob_use_dynamic_bsz", False) else int(section.get("log_prob_micro_batch_size_per_gpu") or 1)
+        batch = KVBatchMeta(keys=keys, tags=tags, partition_id=REFERENCE_PARTITION)
+        # each data-parallel rank gets whole micro-batches (verl's prepare_micro_batches asserts it)
+        multiple = (max(group._dispatch_info[role]) + 1) * micro
+        batch = upsample_batch_to_divisible_size(batch, multiple, self.tokenizer.eos_token_id)
+        batch.extra_info.update({"calculate_entropy": False, "compute_loss": False, "temperature": 1.0,
+                                 **({"no_lora_adapter": True} if self.ref_in_actor else {})})
+        try:
+            if self.ref_in_actor:
+                self.actor_rollout_wg.compute_log_prob(batch)
+            else:
+                self.ref_policy_wg.compute_ref_log_prob(batch)
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=REFERENCE_PARTITION,
+                                   select_fields=["log_probs", "response_mask"])
+            logprobs = response_from_nested(data["log_probs"], data["response_mask"])
+            return [logprobs[i] for i in range(len(rows))]
+        finally:
+            tq.kv_clear(keys=batch.keys, partition_id=REFERENCE_PARTITION)
+
     def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
         if self.config.algorithm.adv_estimator not in ESTIMATOR_NAMES:
             return super()._compute_advantage(batch, metrics)
@@ -124,7 +184,7 @@ class TraceSyncTrainer(PPOTrainerSync):
         fields = neutral_padding({name: _column(data[name]) for name in TREE_FIELDS}, padding, list(batch.keys))
         with tree_fields(fields):
             out = super()._compute_advantage(batch, metrics)
-        if self.config.get("tracerl", {}).get("check_advantages", False) and manager is not None:
+        if self.config.get("tracerl", {}).get("check", False) and manager is not None:
             gap, largest = advantage_gap(batch, padding, manager.last_trees, self.config)
             metrics["tracerl/advantage_max_abs_diff"], metrics["tracerl/advantage_max_abs"] = gap, largest
         return out
