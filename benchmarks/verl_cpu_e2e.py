@@ -2,8 +2,9 @@
 
 Runs ``examples/verl/cpu/{prepare.py,run.sh}`` for 3 steps (10 leaves a step, verl pads to 12,
 a validation first, a checkpoint each step) while sampling the machine's used memory, then runs
-the same TRACE steps through tracerl's own in-process HF executor on the same model, tasks, seeds
-and budget (no verl, no Ray), and records side by side:
+TRACE steps of the same shape through tracerl's own in-process HF executor on the same model,
+config, seeds and budget (no verl, no Ray; the train file's questions in order, where verl's loader
+shuffles), and records side by side:
 
 * per step, from verl's console metrics: ``tracerl/advantage_max_abs_diff`` (every leaf's
   advantage in verl against tracerl's ``trace_credit`` on the manager's trees; padding rows
@@ -145,9 +146,7 @@ def main() -> None:
         "memory_gb": {"idle": round(idle, 2), "peak": round(peak, 2), "peak_above_idle": round(peak - idle, 2)},
         "rollout_tokens_per_s": {"inside_verl": round(verl_rate, 1), "tracerl_own_hf_executor": round(own_rate, 1),
                                  "ratio_verl_over_own": round(verl_rate / own_rate, 3)},
-        "note": ("tokens per second over the manager's TRACE step (planning, sampling, readiness); the own executor "
-                 "samples from the initial weights every step, verl from the trained ones, so episode lengths differ "
-                 "after step 1; the step-1 rows compare the same weights"),
+        "note": "tokens per second over the manager's TRACE step (planning, sampling, readiness). Inside verl: generation on tracerl_hf server actors behind verl's client and router, readiness on verl's reference worker (a TransferQueue round trip and a worker call per scoring round); own executor: in-process HF generation and in-process readiness. On a 0.08M-parameter model per-call overhead dominates, so the ratio says nothing about large models on GPUs. verl's loader shuffles, so the two sides sample different questions; the own executor keeps the initial weights while verl trains",
     }
     path = ROOT / "benchmarks" / "results" / "verl_cpu_e2e.json"
     path.write_text(json.dumps(result, indent=2) + "\n")

@@ -42,15 +42,40 @@ def save_sharded(path: Path, model: Any, optimizer: torch.optim.Optimizer) -> No
 
 def load_sharded(path: Path, model: Any, optimizer: torch.optim.Optimizer) -> None:
     """Load ``path`` (written by :func:`save_sharded` at any process count) into ``model`` and
-    ``optimizer`` in place, resharding to this run's layout. A missing or damaged folder raises
-    (the caller names it)."""
+    ``optimizer`` in place, resharding to this run's layout.
+
+    Nothing a stranger wrote is unpickled (:mod:`tracerl.runs.safe_dcp`). A missing, truncated or
+    damaged ``.metadata`` or shard, or shards that do not fit this model, end in one
+    :class:`CheckpointStateError` line naming the folder."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from tracerl.runs.safe_dcp import SafePlanner, SafeReader
 
     model_state, optim_state = get_state_dict(model, optimizer)  # the target layout (and its keys)
     state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    reader = SafeReader(str(path))
+    try:
+        dcp.load(state, storage_reader=reader, planner=SafePlanner())
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    except (Exception, CheckpointException) as err:  # CheckpointException is a BaseException, tracebacks inside
+        if reader.failure is not None:
+            raise reader.failure from None
+        cause = _first_cause(err)
+        text = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else ""
+        raise CheckpointStateError(f"{path}: the sharded checkpoint cannot be loaded "
+                                   f"({type(cause).__name__}{': ' + text if text else ''})") from None
+
+
+def _first_cause(err: BaseException) -> BaseException:
+    """The error inside a DCP failure (``CheckpointException.failures``: a rank's exception)."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))  # (exception, traceback) in torch 2.13
+        first = first[0] if isinstance(first, tuple) and first else getattr(first, "exception", first)
+        return first if isinstance(first, BaseException) else err
+    return err
 
 
 def load_sharded_state(folder: Path, model: Any, optimizer: Any, driver: Any | None) -> None:

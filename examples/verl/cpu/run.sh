@@ -37,7 +37,7 @@ exec "${PYTHON:-python3}" -m verl.trainer.main_ppo \
   trainer.device=cpu trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.logger='[console]' \
   trainer.total_training_steps=2 trainer.save_freq=1 trainer.val_before_train=True trainer.test_freq=-1 \
   trainer.default_local_dir="$OUT/ckpt" trainer.resume_mode=auto \
-  trainer.project_name=tracerl trainer.experiment_name=cpu \
+  trainer.project_name=tracerl trainer.experiment_name=cpu hydra.run.dir="$OUT/hydra" \
   ray_kwargs.ray_init.num_cpus=8 +ray_kwargs.ray_init.num_gpus=1 +ray_kwargs.ray_init.include_dashboard=False \
   +ray_kwargs.ray_init.address=local \
   "$@"
