@@ -230,6 +230,36 @@ def test_train_smoke_on_two_ray_workers(cluster, tmp_path) -> None:
     assert all(sum(line[f"worker_{w}_tokens_per_s"] for line in lines) > 0 for w in ("w0", "w1"))
 
 
+def test_close_leaves_a_cluster_it_joined(run) -> None:
+    ex = _executor(run, 1)
+    ex.close()
+    ex.close()  # idempotent
+    assert ray.is_initialized() and ray.cluster_resources().get("CPU", 0) >= 6  # the module's cluster lives on
+
+
+TWO_TRAINERS = """
+import ray
+from tracerl.train.run import start_training
+for name in ("a", "b"):  # each starts its own local cluster (not the test module's) and releases it
+    start_training("trace", {out!r} + "/" + name, overrides=["rollout.executor=ray", "eval.every=0"], steps=1,
+                   smoke="random")()
+    print("initialized after", name, ray.is_initialized())
+"""
+
+
+def test_two_ray_trainers_in_one_process_start_and_release_their_clusters(cluster, tmp_path) -> None:
+    """Trainer.close() closes its executor: the workers, their placement group and the local cluster
+    the executor started go, so a second Ray trainer in the same process starts cleanly. With the
+    test module's cluster up, a run without rollout.ray_address starts a cluster of its own."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRACERL_THREADS": "1"}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-c", TWO_TRAINERS.format(out=str(tmp_path))], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("initialized after") == 2 and "True" not in proc.stdout
+    assert (tmp_path / "b" / "metrics.jsonl").is_file()
+
+
 def test_tool_stats_of_several_workers_add_up() -> None:
     from tracerl.rollout.ray_executor import _merge_tool_stats
 

@@ -268,7 +268,8 @@ class RolloutConfig:
     """Ray rollout workers (``executor = ray``); trees are owned by a stable hash of the task id."""
     worker_resources: WorkerResources = field(default_factory=WorkerResources)
     ray_address: str = ""
-    """Ray cluster to join (``auto``, ``ray://host:10001``, ``host:6379``); empty: start a local cluster."""
+    """Ray cluster to join (``auto``, ``ray://host:10001``, ``host:6379``); empty: start a new local
+    cluster (shut down when the trainer closes)."""
     max_worker_restarts: int = 3
     """Replacements of a failed (dead or timed-out) worker per run before the run stops."""
     request_timeout_s: float = 600.0

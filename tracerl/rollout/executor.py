@@ -90,6 +90,10 @@ class RolloutExecutor(Protocol):
 
     def wake_up(self) -> None: ...
 
+    def close(self) -> None:
+        """Release what the executor started (idempotent; the trainer calls it when it closes)."""
+        ...
+
 
 class LocalExecutor:
     """The in-process executor: a :class:`RolloutEngine` (with its backend), the reference
@@ -196,6 +200,9 @@ class LocalExecutor:
 
     def clear_prefix_cache(self) -> None:
         self.backend.clear_prefix_cache()
+
+    def close(self) -> None:
+        """Nothing to release: the engine and its backend belong to whoever built them."""
 
     def sleep(self, level: int = 1) -> None:
         """Free the backend's accelerator memory for the update (vLLM sleep mode)."""

@@ -87,7 +87,8 @@ class RayExecutor:
         res = rollout.get("worker_resources", {}) or {}
         self.resources = {"num_cpus": float(res.get("cpus", 1.0)), "num_gpus": float(res.get("gpus", 0.0))}
         scorers = int(rollout.get("scoring_workers", 1)) if self.readiness_on == "scoring_workers" else 0
-        _connect(str(rollout.get("ray_address", "")), (self.n + scorers) * self.resources["num_cpus"])
+        self._owns_cluster = _connect(str(rollout.get("ray_address", "")), (self.n + scorers) * self.resources["num_cpus"])
+        self._closed = False
         bundle = {k: v for k, v in (("CPU", self.resources["num_cpus"]), ("GPU", self.resources["num_gpus"])) if v > 0}
         self.group = placement_group([dict(bundle) for _ in range(self.n + scorers)], strategy="PACK")
         ray.get(self.group.ready(), timeout=self.timeout)
@@ -230,9 +231,16 @@ class RayExecutor:
         return out
 
     def close(self) -> None:
+        """Kill the workers and free their placement group; shut down the local cluster this
+        executor started, and leave one it joined (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
         for actor in self.actors:
             ray.kill(actor)
         remove_placement_group(self.group)
+        if self._owns_cluster:
+            ray.shutdown()
 
     # --- fan-out and faults ------------------------------------------------------------------
 
@@ -350,14 +358,21 @@ class RayExecutor:
         self._metrics[key] = self._metrics.get(key, 0.0) + value
 
 
-def _connect(address: str, cpus: float) -> None:
-    """Join ``address``, or start a local cluster with room for the workers (once per process)."""
+def _connect(address: str, cpus: float) -> bool:
+    """Join ``address`` (or the cluster this process is already connected to), or start a local
+    cluster with room for the workers; whether a cluster was started here.
+
+    Without an address a new local cluster is started (``address="local"``): a plain
+    ``ray.init()`` would attach to whatever cluster Ray's ``ray_current_cluster`` file names, a
+    stale or a foreign one, and then refuse the CPU count."""
     if ray.is_initialized():
-        return
+        return False
     if address:
         ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(num_cpus=max(int(cpus + 0.999), os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+        return False
+    ray.init(address="local", num_cpus=max(int(cpus + 0.999), os.cpu_count() or 1), include_dashboard=False,
+             log_to_driver=False)
+    return True
 
 
 def _merge_tool_stats(records: Sequence[dict[str, Any]]) -> dict[str, Any]:

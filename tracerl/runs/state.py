@@ -202,6 +202,9 @@ class RunLifecycle:
             self.driver = None
         if getattr(self, "log", None) is not None:
             self.log.close()
+        executor, self.executor = getattr(self, "executor", None), None
+        if executor is not None:  # Ray workers and a cluster the executor started go with it
+            executor.close()
         engine, self.reference_engine = getattr(self, "reference_engine", None), None
         if engine is not None:
             engine.close()
