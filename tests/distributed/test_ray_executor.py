@@ -25,7 +25,8 @@ from tracerl.allocation.predictor import SuccessPredictor  # noqa: E402
 from tracerl.allocation.schemes import get_scheme  # noqa: E402
 from tracerl.allocation.session import RolloutSession  # noqa: E402
 from tracerl.core.protocol import to_json, tree_delta, worker_of  # noqa: E402
-from tracerl.rollout.ray_executor import RayExecutor, WorkerLostError  # noqa: E402
+from tracerl.errors import UserError  # noqa: E402
+from tracerl.rollout.ray_executor import RayExecutor, WorkerLostError, check_placeable  # noqa: E402
 from tracerl.config.schema import resolve_config  # noqa: E402
 from tracerl.train.data import load_task_data  # noqa: E402
 from tracerl.train.executors import worker_spec  # noqa: E402
@@ -228,6 +229,19 @@ def test_train_smoke_on_two_ray_workers(cluster, tmp_path) -> None:
         assert line["worker_w0_tokens_per_s"] >= 0 and line["worker_w1_tokens_per_s"] >= 0
         assert line["time_sync_weights"] > 0 and line["sync_bytes"] > 0 and line["worker_failures"] == 0
     assert all(sum(line[f"worker_{w}_tokens_per_s"] for line in lines) > 0 for w in ("w0", "w1"))
+
+
+def test_unplaceable_workers_are_refused_in_one_line(run) -> None:
+    """A GPU per worker on a CPU cluster: refused before any placement group waits (which would end
+    in Ray's "Get timed out" after rollout.request_timeout_s)."""
+    config, folder, _ = run
+    cfg = resolve_config("trace", smoke="random", overrides=OVERRIDES + ["rollout.worker_resources.gpus=1",
+                                                                          "rollout.request_timeout_s=30"])
+    with pytest.raises(UserError, match=r"rollout.workers = 1 x rollout.worker_resources.gpus = 1 needs 1 GPU, "
+                                        r"but the Ray cluster has 0 GPU in all"):
+        RayExecutor(worker_spec(cfg, folder))
+    with pytest.raises(UserError, match=r"needs 12 CPU, but the Ray cluster has 6 CPU"):
+        check_placeable({"CPU": 2.0}, 6, ray.cluster_resources())
 
 
 def test_close_leaves_a_cluster_it_joined(run) -> None:

@@ -90,8 +90,15 @@ class RayExecutor:
         self._owns_cluster = _connect(str(rollout.get("ray_address", "")), (self.n + scorers) * self.resources["num_cpus"])
         self._closed = False
         bundle = {k: v for k, v in (("CPU", self.resources["num_cpus"]), ("GPU", self.resources["num_gpus"])) if v > 0}
+        check_placeable(bundle, self.n + scorers, ray.cluster_resources())
         self.group = placement_group([dict(bundle) for _ in range(self.n + scorers)], strategy="PACK")
-        ray.get(self.group.ready(), timeout=self.timeout)
+        try:
+            ray.get(self.group.ready(), timeout=self.timeout)
+        except GetTimeoutError:
+            remove_placement_group(self.group)
+            raise UserError(f"Ray could not place {self.n + scorers} rollout workers of {bundle} within "
+                            f"rollout.request_timeout_s = {self.timeout:g} s (free now: {_free()}); lower "
+                            "rollout.workers or rollout.worker_resources, or free the cluster") from None
         self.actors = [self._spawn(i) for i in range(self.n + scorers)]
         ray.get([a.pid.remote() for a in self.actors], timeout=self.build_timeout)  # built (model loaded) before step 1
         self.restarts = [0] * (self.n + scorers)
@@ -356,6 +363,24 @@ class RayExecutor:
 
     def _add(self, key: str, value: float) -> None:
         self._metrics[key] = self._metrics.get(key, 0.0) + value
+
+
+def check_placeable(bundle: Mapping[str, float], count: int, total: Mapping[str, float]) -> None:
+    """Refuse, in one line, workers the cluster can never hold: ``count`` bundles of ``bundle``
+    against the cluster's ``total`` resources (``ray.cluster_resources()``). Without this a
+    placement group that cannot be placed waits out ``rollout.request_timeout_s`` (600 s)."""
+    for key, need in bundle.items():
+        have = float(total.get(key, 0.0))
+        if need * count > have:
+            field = "gpus" if key == "GPU" else "cpus"
+            raise UserError(f"rollout.workers = {count} x rollout.worker_resources.{field} = {need:g} needs "
+                            f"{need * count:g} {key}, but the Ray cluster has {have:g} {key} in all; lower one of "
+                            "them or join a cluster that has them (rollout.ray_address)")
+
+
+def _free() -> str:
+    free = ray.available_resources()
+    return ", ".join(f"{k} {free[k]:g}" for k in ("CPU", "GPU") if k in free) or "nothing"
 
 
 def _connect(address: str, cpus: float) -> bool:
