@@ -193,6 +193,21 @@ def test_after_sync_weights_every_worker_holds_the_trainers_parameters(one, two)
     assert two.version == 1
 
 
+def test_a_worker_killed_while_idle_is_replaced_at_the_weight_sync(one, two, run) -> None:
+    """Killed between steps (during the trainer's update): the next sync_weights replaces it with the
+    new weights, and the next step's trees are those of one worker holding the same weights."""
+    model = tiny_model(len(bpe_tokenizer()), seed=10)
+    two.take_metrics()
+    os.kill(ray.get(two.actors[1].pid.remote()), signal.SIGKILL)
+    two.sync_weights(model, two.version + 1)
+    one.sync_weights(model, one.version + 1)
+    assert two.take_metrics()["worker_failures"] == 1
+    for actor in two.actors:
+        params = ray.get(actor.parameters.remote())
+        assert all(torch.equal(params[k], v) for k, v in model.state_dict().items())
+    _same(_collect(one, run, "tree_random", seed=12)[:2], _collect(two, run, "tree_random", seed=12)[:2])
+
+
 def test_when_restarts_are_spent_the_error_names_the_worker_and_its_trees(two, run) -> None:
     config, _, tasks = run
     session = RolloutSession(two, 3, two.version)

@@ -179,7 +179,9 @@ class RayExecutor:
         return merged
 
     def sync_weights(self, weights: Any, version: int) -> None:
-        """Every worker takes ``weights`` (the trainer's model, or buckets) as ``version``."""
+        """Every worker takes ``weights`` (the trainer's model, or buckets) as ``version``; a worker
+        that died since the last call (idle during the update) is replaced here, like a worker that
+        fails a request."""
         clock = time.perf_counter()
         if isinstance(weights, list):
             buckets = weights
@@ -188,13 +190,22 @@ class RayExecutor:
 
             buckets = list(weight_buckets(weights))
         self._weights = ray.put(pack(buckets, self.weight_sync))
-        pending = [a.sync.remote(self._weights, int(version), self.weight_sync) for a in self.actors]
+        self.version = int(version)  # what a replacement loads (with self._weights)
+        pending = [a.sync.remote(self._weights, self.version, self.weight_sync) for a in self.actors]
         if self.weight_sync == "nccl":
             from tracerl.rollout.weight_sync import broadcast
 
             broadcast(buckets)
-        ray.get(pending, timeout=self.timeout)
-        self.version = int(version)
+        deadline = time.monotonic() + self.timeout
+        for w, ref in enumerate(pending):  # a worker that died while idle fails here: replace it
+            try:
+                ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except _FAULTS as err:
+                if self.weight_sync == "nccl":
+                    raise WorkerLostError(f"rollout worker w{w} failed during a weight sync and a replacement "
+                                          f"cannot join the nccl group (last error: {_one_line(err)}); use "
+                                          "rollout.weight_sync=object_store to have workers replaced") from None
+                self._replace(w, err)  # the replacement takes these weights and re-adopts its trees
         self._add("time_sync_weights", time.perf_counter() - clock)
         self._add("sync_bytes", float(bucket_bytes(buckets)))
 
