@@ -37,3 +37,12 @@ def test_an_executor_built_from_a_pickled_spec_equals_one_sharing_the_trainers_p
     assert local.backend.model is model  # the HF backend shares the trainer's model
     requests = [StartRequest("t", task_record(data.train[0]), 2, seed=5, version=2)]
     assert [to_json(d) for d in remote.start(requests).deltas] == [to_json(d) for d in local.start(requests).deltas]
+
+
+def test_the_initial_policy_reaches_workers_as_an_absolute_folder(tmp_path, monkeypatch) -> None:
+    """``--out runs/x`` with workers on an existing cluster: they run in another directory."""
+    (tmp_path / "runs" / "x" / "initial").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    config = resolve_config("grpo", smoke="random")
+    assert worker_spec(config, "runs/x/initial").initial_policy == str(tmp_path / "runs" / "x" / "initial")
+    assert worker_spec(config, "Qwen/Qwen3-0.6B").initial_policy == "Qwen/Qwen3-0.6B"  # a hub name stays

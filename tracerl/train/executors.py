@@ -43,8 +43,11 @@ class LiveParts:
 
 
 def worker_spec(config: TrainConfig, initial_policy: str | Path, *, worker: str = "local", version: int = 0) -> WorkerSpec:
-    """The spec of ``config``'s workers."""
-    return WorkerSpec(to_dict(config), str(initial_policy), BUILD, config.seed, worker, version)
+    """The spec of ``config``'s workers. A folder is made absolute: a Ray worker on an existing
+    cluster runs in its own working directory, where ``runs/x/initial`` names nothing."""
+    path = Path(initial_policy)
+    source = str(path.resolve()) if path.exists() else str(initial_policy)  # else a hub name
+    return WorkerSpec(to_dict(config), source, BUILD, config.seed, worker, version)
 
 
 def build_executor(spec: WorkerSpec, live: LiveParts | None = None) -> Any:
