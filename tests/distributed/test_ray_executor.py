@@ -208,6 +208,18 @@ def test_a_worker_killed_while_idle_is_replaced_at_the_weight_sync(one, two, run
     _same(_collect(one, run, "tree_random", seed=12)[:2], _collect(two, run, "tree_random", seed=12)[:2])
 
 
+def test_a_replaced_worker_0_continues_the_evaluation_counter(two, run) -> None:
+    """Worker 0 runs every evaluation; its count of evaluation trees seeds the next ones (exact
+    sampled evaluation on resume), so its replacement must continue it, not restart at 0."""
+    _, _, tasks = run
+    two.evaluate(tasks[:2], 1, 3)
+    before = two.eval_state()
+    assert before["trees_started"] > 0
+    os.kill(ray.get(two.actors[0].pid.remote()), signal.SIGKILL)
+    two.clear_prefix_cache()  # the next call finds it dead and replaces it
+    assert two.eval_state() == before
+
+
 def test_when_restarts_are_spent_the_error_names_the_worker_and_its_trees(two, run) -> None:
     config, _, tasks = run
     session = RolloutSession(two, 3, two.version)

@@ -103,6 +103,7 @@ class RayExecutor:
         ray.get([a.pid.remote() for a in self.actors], timeout=self.build_timeout)  # built (model loaded) before step 1
         self.restarts = [0] * (self.n + scorers)
         self._weights: Any = None  # the last weights payload (an ObjectRef): a replacement loads it
+        self._eval_state: dict[str, int] | None = None  # worker 0's evaluation counter: a replacement loads it
         self.trees: dict[str, RolloutTree] = {}
         self.tasks: dict[str, dict[str, Any]] = {}
         self.branches: dict[str, dict[int, int]] = {}
@@ -218,14 +219,18 @@ class RayExecutor:
             self.branches.pop(t, None)
 
     def evaluate(self, tasks: Sequence[Any], samples: int = 1, seed: int = 0) -> dict[str, float]:
-        """On worker 0 (one engine: the same numbers as a local executor)."""
-        return self._fan_out("evaluate", {0: [list(tasks), samples, seed]}, unpack_args=True)[0]
+        """On worker 0 (one engine: the same numbers as a local executor). Its evaluation counter is
+        kept here too, so a replacement of worker 0 continues it."""
+        out = self._fan_out("evaluate", {0: [list(tasks), samples, seed]}, unpack_args=True)[0]
+        self._eval_state = self._fan_out("eval_state", {0: []}, unpack_args=True)[0]
+        return out
 
     def eval_state(self) -> dict[str, int]:
         """Worker 0's (it runs every evaluation)."""
         return self._fan_out("eval_state", {0: []}, unpack_args=True)[0]
 
     def load_eval_state(self, state: Mapping[str, int]) -> None:
+        self._eval_state = dict(state)
         self._fan_out("load_eval_state", {0: [dict(state)]}, unpack_args=True)
 
     def clear_prefix_cache(self) -> None:
@@ -354,6 +359,8 @@ class RayExecutor:
                 adopt = [self._adopt_request(t) for t in owned if t in self.trees]
                 if adopt:
                     ray.get(self.actors[w].call.remote("adopt", adopt), timeout=self.build_timeout)
+                if w == 0 and self._eval_state is not None:  # evaluation seeds continue where they were
+                    ray.get(self.actors[0].call.remote("load_eval_state", self._eval_state), timeout=self.build_timeout)
                 return
             except _FAULTS as again:
                 self._add("worker_failures", 1.0)
