@@ -254,6 +254,10 @@ class RolloutConfig:
     """How a step's batch is sampled; the budget is counted in continuation rollouts."""
 
     scheme: str = "chain"
+    """How the budget is spent: ``chain`` (groups of independent episodes), ``dapo`` (DAPO's dynamic
+    sampling: all-same groups dropped and refilled from the pool), ``tree_random`` (Tree-GRPO
+    style: branches at random boundaries), ``trace`` (TRACE allocation: roots and turn prefixes
+    chosen by the success predictor); or a ``module:function`` import path."""
     budget: int = 64
     """Continuation rollouts per step (every scheme spends the same)."""
     pool_size: int = 16
