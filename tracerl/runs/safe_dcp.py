@@ -62,13 +62,19 @@ class _MetadataUnpickler(pickle.Unpickler):
 class SafeReader(FileSystemReader):
     """``FileSystemReader`` whose metadata is unpickled by :class:`_MetadataUnpickler`.
 
-    DCP folds a reader's error into a multi-line ``CheckpointException``; the first metadata error
-    is also kept here (:attr:`failure`, one line naming the file) for the caller to raise."""
+    DCP folds a reader's error into a multi-line ``CheckpointException`` and logs each failed
+    metadata read with its traceback on the root logger, so the caller reads the metadata first
+    (:meth:`read_metadata`, then kept for DCP's own call) and raises :attr:`failure` (one line
+    naming the file) before DCP starts."""
 
     failure: UserError | None = None
+    _metadata: Metadata | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
+        if self._metadata is not None and rank is None:
+            self._metadata.storage_meta.load_id = self.load_id  # DCP's reset() draws a new one
+            return self._metadata
         path = self._get_metadata_path(rank)
         try:
             with self.fs.create_stream(path, "rb") as stream:
@@ -87,6 +93,8 @@ class SafeReader(FileSystemReader):
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
+        if rank is None:
+            self._metadata = metadata
         return metadata
 
 

@@ -15,6 +15,7 @@ is imported only when one of them runs, so the one-process path never loads it.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,10 @@ def load_sharded(path: Path, model: Any, optimizer: torch.optim.Optimizer) -> No
     state = {"model": model_state, "optim": optim_state}
     reader = SafeReader(str(path))
     try:
-        dcp.load(state, storage_reader=reader, planner=SafePlanner())
+        reader.read_metadata()  # first, alone: a bad metadata ends here in one line, before DCP logs it
+        with warnings.catch_warnings():  # one process on purpose (a resume at --nproc 1)
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=reader, planner=SafePlanner())
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     except (Exception, CheckpointException) as err:  # CheckpointException is a BaseException, tracebacks inside
         if reader.failure is not None:
