@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "verl" / "cpu"
 sys.path.insert(0, str(ROOT / "tests" / "integrations"))
 
-from test_verl_main_ppo import steps  # noqa: E402  (the console-metric parser the end-to-end test uses)
+from test_verl_main_ppo import example_env, steps  # noqa: E402  (what the end-to-end test runs with)
 
 STEPS = 3
 
@@ -113,9 +113,7 @@ def main() -> None:
     import torch
 
     base = Path(tempfile.mkdtemp(prefix="verl_cpu_e2e_"))
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "VERL_"))},
-           "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(base / "cache"), "PYTHON": sys.executable,
-           "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env = example_env(base / "cache")
     subprocess.run([sys.executable, str(EXAMPLE / "prepare.py"), str(base / "run")], env=env, check=True)
     metrics, seconds, idle, peak = verl_run(base / "run", env)
     os.environ["XDG_CACHE_HOME"] = env["XDG_CACHE_HOME"]

@@ -35,7 +35,9 @@ the requests that arrive together as one batch, and a batch's composition moves 
 float precision (about 1e-7, two fresh runs differ as much), never its tokens; left out too."""
 
 
-def _env(cache: Path) -> dict[str, str]:
+def example_env(cache: Path) -> dict[str, str]:
+    """The environment ``examples/verl/cpu`` runs in here: caches under ``cache``, this Python, no
+    inherited Ray address or verl settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "VERL_"))}
     return {**env, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(cache), "PYTHON": sys.executable,
             "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -68,7 +70,7 @@ def steps(log: str) -> dict[int, dict[str, float]]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("verl_e2e")
-    env = _env(base / "cache")
+    env = example_env(base / "cache")
     prepared = subprocess.run([sys.executable, str(EXAMPLE / "prepare.py"), str(base / "straight")], env=env,
                               capture_output=True, text=True, timeout=600)
     assert prepared.returncode == 0, prepared.stderr[-3000:]

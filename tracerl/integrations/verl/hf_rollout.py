@@ -68,7 +68,6 @@ class HFServer:
         self.policy = HFPolicy(model.eval(), tokenizer)
         self.response_length = int(response_length)
         self.global_steps: int | None = None
-        self.counts = {"requests": 0, "batches": 0, "generated_tokens": 0, "weight_loads": 0}
         self._pending: list[tuple[list[int], SamplingParams, int | None, asyncio.Future[Generation]]] = []
         self._drainer: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # sampling and loading weights never overlap
@@ -105,9 +104,6 @@ class HFServer:
                         continue
                     for r, gen in zip(rows, gens, strict=True):
                         r[3].set_result(gen)
-                    self.counts["batches"] += 1
-                    self.counts["requests"] += len(rows)
-                    self.counts["generated_tokens"] += sum(len(g.token_ids) for g in gens)
 
     async def load_weights(self, state: dict[str, torch.Tensor], global_steps: int | None) -> int:
         """The actor's weights after step ``global_steps`` (cast to the server's dtype); clears the prefix store."""
@@ -116,14 +112,10 @@ class HFServer:
             self.policy.sync_weights({k: v.to(dtype) for k, v in state.items()}, int(global_steps or 0))
             if global_steps is not None:
                 self.global_steps = int(global_steps)
-            self.counts["weight_loads"] += 1
         return len(state)
 
     def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = int(global_steps)
-
-    def stats(self) -> dict[str, Any]:
-        return {**self.counts, "global_steps": self.global_steps}
 
     # verl's control calls: no device memory to free, no request to abort between steps
     def wake_up(self, tags: Any = None) -> None:

@@ -31,6 +31,18 @@ OWN_FIELDS = ("prompts", "responses", "response_mask", "loss_mask", "input_ids",
 """The fields a leaf sets itself (a prompt row's field of the same name is not copied)."""
 
 
+def sequence_fields(prompt_ids: Sequence[int], response_ids: Sequence[int], mask: Sequence[int]) -> dict[str, Any]:
+    """verl's per-sample sequence tensors of one row: ``prompts``, ``responses``, ``response_mask``
+    and ``loss_mask`` (``mask``), ``input_ids``, ``attention_mask`` and ``position_ids``."""
+    prompts = torch.tensor(list(prompt_ids), dtype=torch.int64)
+    responses = torch.tensor(list(response_ids), dtype=torch.int64)
+    response_mask = torch.tensor(list(mask), dtype=torch.int64)
+    input_ids = torch.cat([prompts, responses])
+    return {"prompts": prompts, "responses": responses, "response_mask": response_mask,
+            "loss_mask": response_mask.clone(), "input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
+            "position_ids": torch.arange(input_ids.numel(), dtype=torch.int64)}
+
+
 def num_turns(traj: Trajectory) -> int:
     """verl's count of chat turns: the prompt, each assistant turn and each tool observation."""
     return 1 + sum(1 + bool(t.observation_ids) for t in traj.turns)
@@ -66,15 +78,11 @@ def leaf_samples(
         leaf = seen.setdefault(traj.tree_id, 0)
         seen[traj.tree_id] = leaf + 1
         p = len(traj.prompt_ids)
-        prompts = torch.tensor(traj.prompt_ids, dtype=torch.int64)
-        responses = torch.tensor(traj.token_ids[p:], dtype=torch.int64)
-        mask = torch.tensor(traj.sampled[p:], dtype=torch.int64)
-        input_ids = torch.cat([prompts, responses])
+        sequence = sequence_fields(traj.prompt_ids, traj.token_ids[p:], [int(s) for s in traj.sampled[p:]])
+        responses, input_ids = sequence["responses"], sequence["input_ids"]
         field: dict[str, Any] = {k: v for k, v in rows.get(uid, {}).items() if k not in OWN_FIELDS}
+        field.update(sequence)
         field.update({
-            "prompts": prompts, "responses": responses, "response_mask": mask, "loss_mask": mask.clone(),
-            "input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
-            "position_ids": torch.arange(input_ids.numel(), dtype=torch.int64),
             "rollout_log_probs": torch.tensor(traj.old_logprobs[p:], dtype=torch.float32),
             "rm_scores": table.token_level_rewards[i, : responses.numel()].clone(),
             "uid": uid, "num_turns": num_turns(traj),

@@ -23,6 +23,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from tracerl.errors import UserError
 from tracerl.integrations.verl.estimators import tree_fields
+from tracerl.integrations.verl.leaves import sequence_fields
 from tracerl.integrations.verl.names import ESTIMATOR_NAMES, TRAINER_NAME
 from tracerl.integrations.verl.registrations import require_registrations
 from tracerl.integrations.verl.rows import TREE_FIELDS, neutral_padding, object_array
@@ -129,24 +130,16 @@ class TraceSyncTrainer(PPOTrainerSync):
         row's response tokens: the rows go into a TransferQueue partition of their own, padded to
         the reference's data-parallel size, through the same worker call as verl's
         ``_compute_ref_log_prob`` (the actor with its adapter off when the reference lives there)."""
-        import torch
         from transfer_queue.metadata import KVBatchMeta
         from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
         from verl.utils.tensordict_utils import list_of_dict_to_tensordict
         from verl.workers.utils.padding import response_from_nested
 
         self._tracerl_ref_calls = getattr(self, "_tracerl_ref_calls", 0) + 1
-        keys, fields, tags = [], [], []
-        for i, (prompt, response) in enumerate(rows):
-            prompt_t, response_t = torch.tensor(prompt, dtype=torch.int64), torch.tensor(response, dtype=torch.int64)
-            ids = torch.cat([prompt_t, response_t])
-            keys.append(f"tracerlref{self._tracerl_ref_calls}x{i}_0_0")
-            mask = torch.ones_like(response_t)
-            fields.append({"prompts": prompt_t, "responses": response_t, "response_mask": mask, "loss_mask": mask,
-                           "input_ids": ids, "attention_mask": torch.ones_like(ids),
-                           "position_ids": torch.arange(ids.numel(), dtype=torch.int64)})
-            tags.append({"status": "success", "prompt_len": len(prompt), "response_len": len(response),
-                         "seq_len": ids.numel()})
+        keys = [f"tracerlref{self._tracerl_ref_calls}x{i}_0_0" for i in range(len(rows))]
+        fields = [sequence_fields(prompt, response, [1] * len(response)) for prompt, response in rows]
+        tags = [{"status": "success", "prompt_len": len(prompt), "response_len": len(response),
+                 "seq_len": len(prompt) + len(response)} for prompt, response in rows]
         tq.kv_batch_put(keys=keys, partition_id=REFERENCE_PARTITION, fields=list_of_dict_to_tensordict(fields), tags=tags)
         group = self.actor_rollout_wg if self.ref_in_actor else self.ref_policy_wg
         role = "actor" if self.ref_in_actor else "ref"
