@@ -26,15 +26,21 @@ def tiny_policy(tied: bool, seed: int = 0) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(config).eval()
 
 
-def trajectories(model: torch.nn.Module, count: int = 6) -> list[Trajectory]:
+def trajectories(model: torch.nn.Module, count: int = 6, tree: bool = False) -> list[Trajectory]:
     """``count`` trajectories of 1-3 turns and different lengths, with old log-probs from ``model``
-    slightly shifted (ratios differ from 1, so some tokens clip)."""
-    out = []
+    slightly shifted (ratios differ from 1, so some tokens clip). ``tree``: each odd row is a second
+    leaf of the row before it (same prompt and first turn), as the tree-packed update sees them."""
+    out: list[Trajectory] = []
     for seed in range(count):
         g = torch.Generator().manual_seed(seed)
         ids = lambda n: torch.randint(1, VOCAB, (n,), generator=g).tolist()  # noqa: E731
         turns = [Turn(ids(3 + i), ids(4), "x", Action(kind="tool", name="search")) for i in range(1 + seed % 3)]
-        traj = Trajectory(task_id=str(seed), group_id="g", prompt_ids=ids(5 + seed), turns=turns)
+        prompt = ids(5 + seed)
+        if tree and seed % 2:
+            first = out[-1].turns[0]
+            prompt, turns[0] = out[-1].prompt_ids, Turn(list(first.assistant_ids), list(first.observation_ids), "x",
+                                                        Action(kind="tool", name="search"))
+        traj = Trajectory(task_id=str(seed), group_id="g", prompt_ids=prompt, turns=turns)
         with torch.no_grad():
             tok = torch.tensor([traj.token_ids])
             logprobs = token_logprobs(model, tok, torch.ones_like(tok), 1.0)[0]
@@ -54,9 +60,9 @@ def advantages(trajs: list[Trajectory], signal: tuple[int, ...] | None) -> list[
     return out
 
 
-def settings(kl_coef: float, micro: int = 2) -> UpdateSettings:
+def settings(kl_coef: float, micro: int = 2, packing: str = "off") -> UpdateSettings:
     return UpdateSettings(micro_batch_size=micro, temperature=1.0, clip_low=0.2, clip_high=0.28, kl_coef=kl_coef,
-                          loss_agg="token-mean", grad_clip=0.5)
+                          loss_agg="token-mean", grad_clip=0.5, tree_packing=packing)
 
 
 def optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:

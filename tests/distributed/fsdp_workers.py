@@ -23,18 +23,19 @@ from tracerl.distributed.fsdp import full_state_dict, init_distributed, scatter_
 torch.set_num_threads(1)
 
 
-def _step(model, opt, reference, case: str, recompute: bool = False) -> dict[str, float]:
+def _step(model, opt, reference, case: str, recompute: bool = False, packing: str = "off") -> dict[str, float]:
     tied, kl, signal = CASES[case]
     world, rank = dist.get_world_size(), dist.get_rank()
     base = tiny_policy(tied)  # the inputs are built from the initial weights on every rank alike
-    trajs = trajectories(base)
-    shares = plan_update(trajs, advantages(trajs, signal), settings(kl), reference is not None, world) \
+    trajs = trajectories(base, tree=packing != "off")
+    plan = settings(kl, packing=packing)
+    shares = plan_update(trajs, advantages(trajs, signal), plan, reference is not None, world) \
         if rank == 0 else None
     share = scatter_shares(shares)
     metrics: dict[str, float] = {}
     if recompute:
-        (share,), metrics = sharded_trainer_logprobs(model, [share], settings(kl), pad_id=0)
-    metrics.update(sharded_policy_update(model, opt, share, settings(kl), pad_id=0, reference=reference))
+        (share,), metrics = sharded_trainer_logprobs(model, [share], plan, pad_id=0)
+    metrics.update(sharded_policy_update(model, opt, share, plan, pad_id=0, reference=reference))
     return metrics
 
 
@@ -58,6 +59,8 @@ def update(out: Path, mesh) -> None:
         _dump(out, case, model, _step(model, opt, reference, case))
     model, opt, reference = _sharded("tied_kl", mesh)
     _dump(out, "recompute", model, _step(model, opt, reference, "tied_kl", recompute=True))
+    model, opt, reference = _sharded("tied_kl", mesh)
+    _dump(out, "packed", model, _step(model, opt, reference, "tied_kl", recompute=True, packing="on"))
     _nonfinite(out, mesh)
 
 

@@ -44,11 +44,12 @@ def checkpoint_out(update_out: Path) -> Path:
     return update_out
 
 
-def _one_process(case: str, steps: int = 1, recompute: bool = False) -> tuple[torch.nn.Module, dict[str, float]]:
+def _one_process(case: str, steps: int = 1, recompute: bool = False,
+                 tree: bool = False) -> tuple[torch.nn.Module, dict[str, float]]:
     tied, kl, signal = CASES[case]
     model, reference = tiny_policy(tied), (tiny_policy(tied) if kl > 0 else None)
     opt, metrics = optimizer(model), {}
-    trajs = trajectories(tiny_policy(tied))
+    trajs = trajectories(tiny_policy(tied), tree=tree)
     for _ in range(steps):
         rows = trajs
         if recompute:
@@ -92,6 +93,17 @@ def test_recomputed_old_logprobs_on_the_same_plan(update_out: Path) -> None:
     assert theirs["logprob_mismatch_mean_abs"] == pytest.approx(metrics["logprob_mismatch_mean_abs"], abs=1e-6)
     assert theirs["logprob_mismatch_max"] == pytest.approx(metrics["logprob_mismatch_max"], abs=1e-6)
     assert theirs["logprob_mismatch_max"] > 0.1  # the shifted sampler log-probs (0.3 * sin) show
+
+
+def test_packed_trees_on_two_ranks_equal_one_process_unpacked(update_out: Path) -> None:
+    """Tree packing on the FSDP path (recomputed old log-probs and the KL term packed too): the
+    same step as one process training every leaf on its own."""
+    model, metrics = _one_process("tied_kl", recompute=True, tree=True)
+    _assert_same_weights(model, torch.load(update_out / "packed.pt"), atol=1e-5)
+    theirs = json.loads((update_out / "packed.json").read_text())
+    for key in ("loss", "kl", "grad_norm", "trained_tokens"):
+        assert theirs[key] == pytest.approx(metrics[key], rel=1e-5, abs=1e-7), key
+    assert theirs["update_forward_tokens"] < metrics["update_forward_tokens"]  # shared turns forwarded once
 
 
 def test_a_nonfinite_row_on_one_rank_makes_every_rank_skip(update_out: Path) -> None:

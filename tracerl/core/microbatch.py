@@ -11,13 +11,15 @@ runs as a zero-weight padding row: every rank runs exactly ``rounds`` forwards.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
-def micro_batch_rows(lengths: Sequence[int], keep: Sequence[bool], size: int) -> list[list[int]]:
-    """Row indices of the kept rows, sorted by length (stable), ``size`` at a time.
+def micro_batch_rows(lengths: Sequence[Any], keep: Sequence[bool], size: int) -> list[list[int]]:
+    """Row indices of the kept rows, sorted by ``lengths`` (stable), ``size`` at a time.
 
     ``lengths`` and ``keep`` are per row (``[N]``); the same cut as the one-process update, so
-    a plan over one rank equals today's micro-batches exactly.
+    a plan over one rank equals its micro-batches exactly. The sort keys are usually lengths;
+    the tree-packed update passes token-id tuples instead, so a tree's leaves sit together.
     """
     if size < 1:
         raise ValueError(f"micro-batch size must be >= 1, got {size}")

@@ -35,11 +35,14 @@ from tracerl.models.precision import compute_context, model_device
 from tracerl.train.update import (
     PaddedBatch,
     UpdateSettings,
+    count_tokens,
+    batch_logprobs,
     _micro_batch_loss,
     _replace_logprobs,
     carries_signal,
+    pack_rows,
     pad_trajectories,
-    token_logprobs,
+    uses_packing,
 )
 
 Row = tuple[Trajectory, Tensor]
@@ -66,7 +69,8 @@ def plan_update(trajectories: Sequence[Trajectory], advantages: Sequence[Tensor]
     masks = [torch.tensor(t.sampled, dtype=torch.bool) for t in trajectories]
     normaliser = loss_normaliser(masks, settings.loss_agg, norm_length=max(len(m) for m in masks))
     keep = [(with_kl and settings.kl_coef > 0) or carries_signal(a) for a in advantages]
-    chunks = micro_batch_rows([len(t.token_ids) for t in trajectories], keep, settings.micro_batch_size)
+    keys = [t.token_ids if settings.tree_packing != "off" else len(t.token_ids) for t in trajectories]
+    chunks = micro_batch_rows(keys, keep, settings.micro_batch_size)
     plan = deal_rounds(chunks, world)
     rows = list(zip(trajectories, advantages, strict=True))
     return [UpdateShare([[rows[i] for i in chunk] for chunk in plan[rank]], normaliser, world)
@@ -105,17 +109,21 @@ def sharded_policy_update(model: Any, optimizer: torch.optim.Optimizer, share: U
         return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0,
                 "nonfinite_skipped": 0.0}
     device = model_device(model)
-    sums = torch.zeros(4, device=device)  # loss, kl token sum, clipped tokens, trained tokens
+    packing = uses_packing(model, settings)
+    sums = torch.zeros(6, device=device)  # loss, kl token sum, clipped tokens, trained tokens, forwarded, unique
     for rows in share.rounds:
         batch = _batch(rows, pad_id, device)
-        loss, stats = _micro_batch_loss(model, batch, settings, share.normaliser / share.world, reference)
+        packed = pack_rows([r[0] for r in rows], pad_id, device) if packing and rows else None
+        loss, stats = _micro_batch_loss(model, batch, settings, share.normaliser / share.world, reference, packed)
         loss.backward()
-        sums += torch.cat([loss.detach()[None], stats])
+        tokens = count_tokens([r[0] for r in rows], packed, 0, 0)
+        sums += torch.cat([loss.detach()[None], stats, torch.tensor(tokens, dtype=sums.dtype, device=device)])
     params = trainable_parameters(model)
     norm = full_norm(torch.nn.utils.clip_grad_norm_(params, settings.grad_clip))
     dist.all_reduce(sums)
     sums[0] /= share.world  # each rank's loss was scaled by world (see the module docstring)
-    loss_sum, kl_sum, clipped, tokens, grad_norm = torch.cat([sums, norm.detach().float().reshape(1).to(device)]).tolist()
+    loss_sum, kl_sum, clipped, tokens, forwarded, unique, grad_norm = torch.cat(
+        [sums, norm.detach().float().reshape(1).to(device)]).tolist()
     finite = math.isfinite(loss_sum) and math.isfinite(grad_norm)
     if finite:
         optimizer.step()
@@ -123,7 +131,8 @@ def sharded_policy_update(model: Any, optimizer: torch.optim.Optimizer, share: U
         optimizer.zero_grad(set_to_none=True)
     count = max(tokens, 1.0)
     return {"loss": loss_sum, "kl": kl_sum / count, "clip_fraction": clipped / count, "grad_norm": grad_norm,
-            "trained_tokens": tokens, "nonfinite_skipped": 0.0 if finite else 1.0, "scaler_skipped": 0.0}
+            "trained_tokens": tokens, "update_forward_tokens": forwarded, "unique_trained_tokens": unique,
+            "nonfinite_skipped": 0.0 if finite else 1.0, "scaler_skipped": 0.0}
 
 
 @torch.no_grad()
@@ -135,6 +144,7 @@ def sharded_trainer_logprobs(model: Any, shares: Sequence[UpdateShare], settings
     The mismatch metrics are reduced over ranks; they cover the rows the update trains.
     """
     device, was_training = model_device(model), model.training
+    packing = uses_packing(model, settings)
     model.eval()
     gap_sums = torch.zeros(2, device=device)  # |sampler - trainer| summed, tokens
     worst = torch.zeros(1, device=device)
@@ -144,9 +154,9 @@ def sharded_trainer_logprobs(model: Any, shares: Sequence[UpdateShare], settings
             fresh_rounds = []
             for rows in share.rounds:
                 batch = _batch(rows, pad_id, device)
+                packed = pack_rows([r[0] for r in rows], pad_id, device) if packing and rows else None
                 with compute_context(device, settings.dtype):
-                    logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask, settings.temperature,
-                                              settings.logprob_chunk).float()
+                    logprobs = batch_logprobs(model, batch, packed, settings).float()
                 gap = (logprobs - batch.old_logprobs).abs() * batch.loss_mask
                 gap_sums += torch.stack([gap.sum(), batch.loss_mask.sum().float()])
                 worst = torch.maximum(worst, gap.max().reshape(1))

@@ -50,7 +50,7 @@ import torch
 
 from tracerl.models.heads import head_logprobs, rescales_logits, split_head
 from tracerl.models.prefix_cache import forward_with_cache, new_cache, output_cache
-from tracerl.models.prefix_scoring import MASKABLE_ATTENTION, score_prefixes
+from tracerl.models.prefix_scoring import MASKABLE_ATTENTION, additive_mask, score_prefixes, tree_attention_mask
 from tracerl.models.scoring_plan import Cut, Row, ScoreRequest, group_batches, plan_requests, validate_request
 
 __all__ = ["DEFAULT_MAX_BATCH_TOKENS", "DEFAULT_MAX_ROW_TOKENS", "ScoreRequest", "ScoreStats", "score_prefixes_batched"]
@@ -105,21 +105,6 @@ def _forward(model: Any, split: tuple[Any, Any] | None, ids: torch.Tensor, cache
     return out.logits, output_cache(out)
 
 
-def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Boolean [R, Q, K] -> additive [R, 1, Q, K] (0 where allowed, the dtype's minimum elsewhere)."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[:, None]
-
-
-def _tree_mask(end: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Prefill mask [R, 1, P, P] of trie rows: token p sees k iff k is an ancestor-or-self of p,
-    i.e. ``k <= p < end[k]`` (padding has ``end[k] = k + 1``: it sees only itself)."""
-    pos = torch.arange(end.shape[1], device=end.device)
-    allowed = (pos[None, None, :] <= pos[None, :, None]) & (pos[None, :, None] < end[:, None, :])
-    return _additive(allowed, dtype)
-
-
 def _block_mask(anchor: torch.Tensor, start: torch.Tensor, end: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Additive mask [R, 1, Q, P + Q]: query q of row r sees the row's cached ancestors-or-self of
     slot ``anchor[r, q]`` (none for -1) and the block tokens from ``start[r, q]`` up to itself."""
@@ -128,7 +113,7 @@ def _block_mask(anchor: torch.Tensor, start: torch.Tensor, end: torch.Tensor, dt
     a = anchor[:, :, None]
     see_prefix = (keys[None, None, :] <= a) & (a < end[:, None, :])
     see_block = (q[None, None, :] >= start[:, :, None]) & (q[None, None, :] <= q[None, :, None])
-    return _additive(torch.cat([see_prefix, see_block], dim=-1), dtype)
+    return additive_mask(torch.cat([see_prefix, see_block], dim=-1), dtype)
 
 
 def _layout(cuts: Sequence[Sequence[Cut]]) -> dict[str, list[list[int]] | list[int]]:
@@ -185,7 +170,7 @@ def _prefill(model: Any, split: tuple[Any, Any] | None, rows: Sequence[Row], dev
     kwargs: dict[str, Any] = {}
     if any(r.members > 1 for r in rows):
         depth = [r.depth + [0] * (width - len(r.depth)) for r in rows]
-        kwargs = {"attention_mask": _tree_mask(end, model.dtype),
+        kwargs = {"attention_mask": tree_attention_mask(end, model.dtype),
                   "position_ids": torch.tensor(depth, dtype=torch.long, device=device)}
     _, cache = _forward(model, split, ids, new_cache(model), prefill=True, **kwargs)
     stats.prefill_tokens += sum(len(r.tokens) for r in rows)

@@ -26,6 +26,21 @@ MASKABLE_ATTENTION = ("sdpa", "eager")
 """Attention implementations that accept custom 4D masks (the packed scorers need them)."""
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean [R, Q, K] -> additive [R, 1, Q, K] (0 where allowed, the dtype's minimum elsewhere)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+def tree_attention_mask(end: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Prefill mask [R, 1, P, P] of trie rows: token p sees k iff k is an ancestor-or-self of p,
+    i.e. ``k <= p < end[k]`` (padding has ``end[k] = k + 1``: it sees only itself)."""
+    pos = torch.arange(end.shape[1], device=end.device)
+    allowed = (pos[None, None, :] <= pos[None, :, None]) & (pos[None, :, None] < end[:, None, :])
+    return additive_mask(allowed, dtype)
+
+
 def _check_inputs(
     input_ids: torch.Tensor, cut_points: list[int], answer_ids: torch.Tensor, opener_ids: torch.Tensor | None
 ) -> None:

@@ -120,6 +120,19 @@ def _pack(kept: Sequence[tuple[int, ...]], row_cap: int) -> tuple[list[Row], lis
     return rows, placed
 
 
+def trie_rows(seqs: Sequence[Sequence[int]], row_cap: int) -> tuple[list[Row], list[tuple[int, list[int]]]]:
+    """Token sequences packed as trie rows (each shared prefix once, depth-first, at most
+    ``row_cap`` tokens a row unless one sequence is longer), and per input sequence its
+    ``(row, slot of each token)``. Equal sequences, and a sequence that is a prefix of another,
+    share the other's slots. The tree-packed update and the batched scorer lay out trees this way."""
+    if row_cap < 1:
+        raise ValueError(f"row_cap must be >= 1, got {row_cap}")
+    as_tuples = [tuple(s) for s in seqs]
+    kept, cover = _maximal(as_tuples)
+    rows, placed = _pack(kept, row_cap)
+    return rows, [(placed[cover[s]][0], placed[cover[s]][1][: len(s)]) for s in as_tuples]
+
+
 def plan_requests(requests: Sequence[ScoreRequest], row_cap: int) -> tuple[list[Row], list[Cut], list[list[int]]]:
     """Rows, unique cuts, and for each request the unique-cut index of each of its cuts."""
     seqs = [tuple(r.input_ids[: max(r.cut_points)]) for r in requests]

@@ -379,7 +379,8 @@ def prepare_policy(model: Any, config: TrainConfig) -> Any:
     return model
 
 
-_COUNT_KEYS = ("trained_tokens", "nonfinite_skipped", "scaler_skipped")
+_COUNT_KEYS = ("trained_tokens", "update_forward_tokens", "unique_trained_tokens", "nonfinite_skipped",
+               "scaler_skipped")
 """Update metrics that count (tokens, skipped optimiser steps): summed over ``optim.updates_per_step``."""
 
 

@@ -28,6 +28,7 @@ from tracerl.core.types import Trajectory
 from tracerl.models.heads import head_logprobs, logit_transform, split_head
 from tracerl.models.lora import trainable_parameters
 from tracerl.models.precision import compute_context, model_device
+from tracerl.train.packing import PackedTrees, pack_trees, packable, packed_token_logprobs
 
 if TYPE_CHECKING:
     from tracerl.config.schema import TrainConfig
@@ -145,6 +146,32 @@ class UpdateSettings:
     logprob_chunk: int = LOGPROB_CHUNK
     policy_loss: str = "ppo"
     """A name in :data:`~tracerl.core.losses.POLICY_LOSSES`; ``clip_low``/``clip_high`` are its clip range."""
+    tree_packing: str = "off"
+    """``on``: each micro-batch's trees forward once, packed (:mod:`tracerl.train.packing`); ``auto``:
+    packed when the model's attention takes a tree mask; ``off``: every sequence on its own."""
+
+
+TREE_PACKING_OFF_SCHEMES = ("chain", "dapo")
+"""Schemes whose trajectories share no turn (only their prompt): ``optim.tree_packing = auto``
+leaves them unpacked."""
+
+
+def resolve_tree_packing(setting: str, scheme: str) -> str:
+    """``optim.tree_packing`` for ``rollout.scheme``: ``auto`` is ``off`` for chain schemes."""
+    return "off" if setting == "auto" and scheme in TREE_PACKING_OFF_SCHEMES else setting
+
+
+def uses_packing(model: Any, settings: UpdateSettings) -> bool:
+    """Whether this update packs trees; ``on`` with an attention that ignores 4D masks is an error."""
+    if settings.tree_packing == "off":
+        return False
+    if packable(model):
+        return True
+    if settings.tree_packing == "on":
+        impl = getattr(model.config, "_attn_implementation", None)
+        raise ValueError(f"optim.tree_packing = 'on' needs an attention implementation that takes a custom 4D mask "
+                         f"(sdpa or eager), the model uses {impl!r}; set optim.tree_packing = 'auto' or 'off'")
+    return False
 
 
 def update_settings(cfg: TrainConfig) -> UpdateSettings:
@@ -154,7 +181,8 @@ def update_settings(cfg: TrainConfig) -> UpdateSettings:
     gspo = algo.policy_loss == "gspo"
     low, high = (algo.gspo_clip_low, algo.gspo_clip_high) if gspo else (o.clip_low, o.clip_high)
     return UpdateSettings(o.micro_batch_size, cfg.rollout.engine.temperature, low, high, o.kl_coef, o.loss_agg,
-                          o.grad_clip, dtype=cfg.model.dtype, policy_loss=algo.policy_loss)
+                          o.grad_clip, dtype=cfg.model.dtype, policy_loss=algo.policy_loss,
+                          tree_packing=resolve_tree_packing(o.tree_packing, cfg.rollout.scheme))
 
 
 def _reference_parts(reference: Any) -> tuple[Any, Callable[[], ContextManager[Any]]]:
@@ -188,16 +216,21 @@ def policy_update(
     masks = [torch.tensor(t.sampled, dtype=torch.bool) for t in trajectories]
     # The normaliser counts every trajectory of the step, whichever micro-batch it lands in.
     normaliser = loss_normaliser(masks, settings.loss_agg, norm_length=max(len(m) for m in masks))
-    chunks = _micro_batches(trajectories, advantages, settings, reference is not None)
+    packing = uses_packing(model, settings)
+    chunks = _micro_batches(trajectories, advantages, settings, reference is not None, packing)
     if not chunks:  # no row carries signal: nothing to run (and a GradScaler must not step without grads)
         return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0,
-                "nonfinite_skipped": 0.0}
+                "update_forward_tokens": 0.0, "unique_trained_tokens": 0.0, "nonfinite_skipped": 0.0}
     sums = torch.zeros(4, device=device)  # loss, kl token sum, clipped tokens, trained tokens
+    forwarded = unique = 0
     for chunk in chunks:
-        batch = pad_trajectories([trajectories[i] for i in chunk], [advantages[i] for i in chunk], pad_id, device)
-        loss, stats = _micro_batch_loss(model, batch, settings, normaliser, reference)
+        rows = [trajectories[i] for i in chunk]
+        batch = pad_trajectories(rows, [advantages[i] for i in chunk], pad_id, device)
+        packed = pack_rows(rows, pad_id, device) if packing else None
+        loss, stats = _micro_batch_loss(model, batch, settings, normaliser, reference, packed)
         (scaler.scale(loss) if scaler is not None else loss).backward()
         sums += torch.cat([loss.detach()[None], stats])
+        forwarded, unique = count_tokens(rows, packed, forwarded, unique)
     if scaler is not None:
         scaler.unscale_(optimizer)
     params = trainable_parameters(model)
@@ -220,6 +253,8 @@ def policy_update(
         "clip_fraction": clipped / count,
         "grad_norm": norm,
         "trained_tokens": tokens,
+        "update_forward_tokens": float(forwarded),
+        "unique_trained_tokens": float(unique),
         "nonfinite_skipped": 0.0 if (finite or scaler_overflow) else 1.0,
         "scaler_skipped": 1.0 if scaler_overflow else 0.0,
     }
@@ -248,16 +283,18 @@ def with_trainer_logprobs(model: Any, trajectories: Sequence[Trajectory], settin
 
 def _trainer_logprobs(model: Any, trajectories: Sequence[Trajectory], settings: UpdateSettings, pad_id: int,
                       device: torch.device) -> tuple[dict[int, list[float]], dict[str, float]]:
-    order = sorted(range(len(trajectories)), key=lambda i: len(trajectories[i].token_ids))
+    packing = uses_packing(model, settings)
+    keys = [t.token_ids if packing else len(t.token_ids) for t in trajectories]
+    order = sorted(range(len(trajectories)), key=lambda i: keys[i])
     fresh: dict[int, list[float]] = {}
     total, count, worst = 0.0, 0, 0.0
     for start in range(0, len(order), settings.micro_batch_size):
         rows = order[start : start + settings.micro_batch_size]
         part = [trajectories[i] for i in rows]
         batch = pad_trajectories(part, [torch.zeros(len(t.token_ids)) for t in part], pad_id, device)
+        packed = pack_rows(part, pad_id, device) if packing else None
         with compute_context(batch.input_ids.device, settings.dtype):
-            logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask, settings.temperature,
-                                      settings.logprob_chunk)
+            logprobs = batch_logprobs(model, batch, packed, settings)
         gap = (logprobs - batch.old_logprobs).abs() * batch.loss_mask
         total += float(gap.sum())
         count += int(batch.loss_mask.sum())
@@ -278,14 +315,34 @@ def _replace_logprobs(trajectory: Trajectory, logprobs: list[float]) -> Trajecto
     return dataclasses.replace(trajectory, turns=turns)
 
 
+def pack_rows(trajectories: Sequence[Trajectory], pad_id: int, device: str | torch.device) -> PackedTrees:
+    """One micro-batch's trajectories packed as trees, their sampled tokens marked for the loss."""
+    return pack_trees([t.token_ids for t in trajectories], [t.sampled for t in trajectories], pad_id, device)
+
+
+def count_tokens(rows: Sequence[Trajectory], packed: PackedTrees | None, forwarded: int,
+                  unique: int) -> tuple[int, int]:
+    """Running ``(tokens forwarded, distinct trained tokens)``: per leaf without packing."""
+    if packed is not None:
+        return forwarded + packed.tokens, unique + int(packed.targets.numel())
+    return forwarded + sum(len(t.token_ids) for t in rows), unique + sum(sum(t.sampled) for t in rows)
+
+
+def batch_logprobs(model: Any, batch: PaddedBatch, packed: PackedTrees | None, settings: UpdateSettings) -> Tensor:
+    """[B, L] log-probs of the batch's tokens: one packed tree forward, or the padded rows."""
+    if packed is not None:
+        return packed_token_logprobs(model, packed, settings.temperature, settings.logprob_chunk)
+    return token_logprobs(model, batch.input_ids, batch.attention_mask, settings.temperature, settings.logprob_chunk)
+
+
 def _micro_batch_loss(model: Any, batch: PaddedBatch, settings: UpdateSettings, normaliser: float,
-                      reference: Any | None) -> tuple[Tensor, Tensor]:
+                      reference: Any | None, packed: PackedTrees | None = None) -> tuple[Tensor, Tensor]:
     """Aggregated loss of one micro-batch (a scalar to backward) and its detached statistics
-    ``[kl summed over trained tokens, clipped tokens, trained tokens]``, all on the model's device."""
+    ``[kl summed over trained tokens, clipped tokens, trained tokens]``, all on the model's device.
+    With ``packed`` the log-probs come from one tree-packed forward; the loss terms are the same."""
     compute = compute_context(batch.input_ids.device, settings.dtype)
     with compute:
-        logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask, settings.temperature,
-                                  settings.logprob_chunk)
+        logprobs = batch_logprobs(model, batch, packed, settings)
     per_token, ratio = POLICY_LOSSES.get(settings.policy_loss)(
         logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, settings.clip_low, settings.clip_high
     )
@@ -293,8 +350,7 @@ def _micro_batch_loss(model: Any, batch: PaddedBatch, settings: UpdateSettings, 
     if reference is not None and settings.kl_coef > 0:
         ref_model, frozen = _reference_parts(reference)
         with torch.no_grad(), frozen(), compute_context(batch.input_ids.device, settings.dtype):
-            ref_logprobs = token_logprobs(ref_model, batch.input_ids, batch.attention_mask, settings.temperature,
-                                          settings.logprob_chunk)
+            ref_logprobs = batch_logprobs(ref_model, batch, packed, settings)
         kl = k3_kl(logprobs, ref_logprobs)
         per_token = per_token + settings.kl_coef * kl
     loss = aggregate_loss(per_token, batch.loss_mask, settings.loss_agg, normaliser)
@@ -306,8 +362,9 @@ def _micro_batch_loss(model: Any, batch: PaddedBatch, settings: UpdateSettings, 
 
 
 def _micro_batches(trajectories: Sequence[Trajectory], advantages: Sequence[Tensor], settings: UpdateSettings,
-                   with_kl: bool) -> list[list[int]]:
-    """Indices to run, sorted by length (less padding), ``micro_batch_size`` at a time.
+                   with_kl: bool, packing: bool = False) -> list[list[int]]:
+    """Indices to run, sorted by length (less padding), ``micro_batch_size`` at a time. Packed,
+    sorted by token ids instead: a tree's leaves sit together, next to those sharing most with them.
 
     Without a KL term, a trajectory whose advantages are all zero contributes exactly zero
     gradient (its surrogate is ``-ratio * 0``); it still counts in the normaliser but is not run.
@@ -315,7 +372,8 @@ def _micro_batches(trajectories: Sequence[Trajectory], advantages: Sequence[Tens
     """
     needs_kl = with_kl and settings.kl_coef > 0
     keep = [i for i, a in enumerate(advantages) if needs_kl or carries_signal(a)]
-    keep.sort(key=lambda i: len(trajectories[i].token_ids))
+    order = [t.token_ids for t in trajectories] if packing else [len(t.token_ids) for t in trajectories]
+    keep.sort(key=lambda i: order[i])
     size = settings.micro_batch_size
     return [keep[i : i + size] for i in range(0, len(keep), size)]
 
