@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
+from tracerl.train.packing import FSDP_PACKED_LOGPROBS, local_packed_logprobs
 from tracerl.train.update import FSDP_LOGPROBS, local_token_logprobs
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -41,17 +42,24 @@ def resolve_backend(backend: str, device: str) -> str:
     return backend
 
 
-def init_distributed(backend: str, device: str, timeout_s: float) -> DeviceMesh:
+def init_distributed(backend: str, device: str, timeout_s: float, store: Any = None) -> DeviceMesh:
     """Join the process group torchrun set up (once) and return a 1-D mesh over all ranks.
 
-    On CUDA each rank takes the GPU ``LOCAL_RANK`` (one process per GPU).
+    On CUDA each rank takes the GPU ``LOCAL_RANK`` (one process per GPU). ``store``: the
+    rendezvous store already made (:func:`~tracerl.distributed.commands.rendezvous_store`), else
+    ``env://`` makes one.
     """
     name = resolve_backend(backend, device)
     kind = "cuda" if name == "nccl" else "cpu"
     if kind == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
-        dist.init_process_group(name, timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if store is None:
+            dist.init_process_group(name, timeout=timeout)
+        else:  # the same prefix init_process_group gives the store it makes itself
+            dist.init_process_group(name, timeout=timeout, store=dist.PrefixStore("default_pg", store),
+                                    rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     return init_device_mesh(kind, (dist.get_world_size(),))
 
 
@@ -85,6 +93,8 @@ def shard_model(model: Any, mesh: DeviceMesh | None = None, dtype: str = "float3
     fully_shard(model, mesh=mesh, mp_policy=policy)
     setattr(model, FSDP_LOGPROBS, types.MethodType(local_token_logprobs, model))
     register_fsdp_forward_method(model, FSDP_LOGPROBS)
+    setattr(model, FSDP_PACKED_LOGPROBS, types.MethodType(local_packed_logprobs, model))
+    register_fsdp_forward_method(model, FSDP_PACKED_LOGPROBS)
     return model
 
 

@@ -8,8 +8,11 @@ rank 0 broadcasts a command, plans the step (:func:`~tracerl.distributed.update.
 and scatters each rank its share; after the update the full weights are gathered back into
 rank 0's copy (what its backend samples next and what ``policy/`` checkpoints hold).
 
-Commands (``broadcast_object``): ``update`` (then a scatter of shares), ``save``/``load`` a DCP
-folder, ``stop``. The other ranks do nothing else, so they never touch the run folder except
+Commands (through the rendezvous store, :mod:`tracerl.distributed.commands`): ``run`` (the run
+folder), ``update`` (then a scatter of shares), ``save``/``load`` a DCP folder, ``stop``. Between
+commands the other ranks wait on the store while rank 0 beats, so rank 0's own phases (sampling,
+scoring, evaluation, checkpoints) never count against ``dist.timeout_s``; the collectives after a
+command do. The other ranks do nothing else, so they never touch the run folder except
 ``initial/`` (read) and the checkpoint's ``dcp/`` (their shards).
 """
 
@@ -31,10 +34,12 @@ from tracerl.config.loading import ConfigError
 from tracerl.runs.sharded import load_sharded, save_sharded
 from tracerl.distributed.update import UpdateShare, plan_update, sharded_policy_update, sharded_trainer_logprobs
 from tracerl.distributed.launch import launched_world
-from tracerl.distributed.fsdp import broadcast_object, full_state_dict, init_distributed, scatter_shares, shard_model
+from tracerl.distributed.commands import CommandChannel, rendezvous_store
+from tracerl.distributed.fsdp import full_state_dict, init_distributed, scatter_shares, shard_model
 from tracerl.train.update import UpdateSettings, update_settings
 
-COUNT_KEYS = ("trained_tokens", "nonfinite_skipped", "scaler_skipped")
+COUNT_KEYS = ("trained_tokens", "update_forward_tokens", "unique_trained_tokens", "nonfinite_skipped",
+               "scaler_skipped")
 
 
 class ShardedPolicy:
@@ -87,31 +92,34 @@ def start_driver(trainer: Any) -> Driver | None:
         raise ConfigError(f"dist.nproc = {cfg.dist.nproc} but this process was started as one of "
                           f"{launched_world()}; use `tracerl train ... --nproc {cfg.dist.nproc}` or torchrun "
                           f"--nproc_per_node {cfg.dist.nproc}")
-    mesh = init_distributed(cfg.dist.backend, cfg.model.device, cfg.dist.timeout_s)
-    broadcast_object(str(trainer.run_dir))  # the others load initial/ from it (written by now)
+    store, rank, _ = rendezvous_store(cfg.dist.timeout_s)
+    channel = CommandChannel(store, rank, cfg.dist.timeout_s)
+    channel.start_heartbeat()
+    channel.send("run", str(trainer.run_dir))  # the others load initial/ from it (written by now), then join
+    mesh = init_distributed(cfg.dist.backend, cfg.model.device, cfg.dist.timeout_s, store)
     sharded = ShardedPolicy(cfg, trainer.model, trainer.tokenizer.pad_token_id, mesh)
     trainer.optimizer = sharded.optimizer
     trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(sharded.optimizer, trainer.scheduler.lr_lambdas[0])
-    return Driver(sharded, trainer.model)
+    return Driver(sharded, trainer.model, channel)
 
 
 class Driver:
     """Rank 0's side of the commands, used by the Trainer's hooks."""
 
-    def __init__(self, sharded: ShardedPolicy, rollout_model: Any) -> None:
-        self.sharded, self.rollout_model = sharded, rollout_model
+    def __init__(self, sharded: ShardedPolicy, rollout_model: Any, channel: CommandChannel) -> None:
+        self.sharded, self.rollout_model, self.channel = sharded, rollout_model, channel
 
     def update(self, pairs: list[tuple[Trajectory, torch.Tensor]], updates_per_step: int, recompute: bool,
                scheduler: Any) -> dict[str, float]:
         """``Trainer._update`` over all ranks: plan, scatter, update, gather; then the schedule steps."""
         s = self.sharded
-        broadcast_object(("update", None))
         chunks = np.array_split(np.arange(len(pairs)), min(updates_per_step, len(pairs)))
         steps = [plan_update([pairs[i][0] for i in c], [pairs[i][1] for i in c], s.settings, s.with_kl, s.world)
                  for c in chunks]
         lr = s.optimizer.param_groups[0]["lr"]
         messages = [{"lr": lr, "recompute": recompute, "shares": [step[rank] for step in steps]}
                     for rank in range(s.world)]
+        self.channel.send("update")  # planned first: the others wait in the scatter only while it travels
         metrics = s.run_update(scatter_shares(messages))
         self.pull_weights()
         with warnings.catch_warnings():  # the schedule follows RL steps, also those whose update was skipped
@@ -125,18 +133,19 @@ class Driver:
         load_full_state(self.rollout_model, full)
 
     def save(self, folder: Path) -> None:
-        broadcast_object(("save", str(folder)))
+        self.channel.send("save", str(folder))
         save_sharded(folder, self.sharded.model, self.sharded.optimizer)
 
     def load(self, folder: Path) -> None:
-        broadcast_object(("load", str(folder)))
+        self.channel.send("load", str(folder))
         load_sharded(folder, self.sharded.model, self.sharded.optimizer)
         self.pull_weights()
 
     def close(self) -> None:
         if dist.is_initialized():
-            broadcast_object(("stop", None))
+            self.channel.send("stop")
             dist.destroy_process_group()
+        self.channel.stop_heartbeat()
 
 
 def load_full_state(model: Any, state: dict[str, torch.Tensor]) -> None:
@@ -157,15 +166,20 @@ def serve(config: TrainConfig) -> None:
     from tracerl.train.loop import prepare_policy
 
     set_threads(config.model.threads, config.model.device)
-    mesh = init_distributed(config.dist.backend, config.model.device, config.dist.timeout_s)
-    run_dir = Path(broadcast_object(None))
+    store, rank, _ = rendezvous_store(config.dist.timeout_s)
+    channel = CommandChannel(store, rank, config.dist.timeout_s)
+    kind, arg = channel.receive()  # rank 0 sends the run folder once its Trainer is built (no limit before)
+    if kind != "run":
+        raise RuntimeError(f"rank {rank}: the first command from rank 0 is {kind!r}, not 'run'")
+    mesh = init_distributed(config.dist.backend, config.model.device, config.dist.timeout_s, store)
+    run_dir = Path(arg)
     model, tokenizer = load_model(initial_source(run_dir / "initial"), dtype=config.model.dtype,
                                   device=config.model.device)
     sharded = ShardedPolicy(config, prepare_policy(model, config), tokenizer.pad_token_id, mesh)
     del model
     try:
         while True:
-            kind, arg = broadcast_object(None)
+            kind, arg = channel.receive()  # rank 0's own phases: waited for while it beats
             if kind == "update":
                 sharded.run_update(scatter_shares(None))
                 full_state_dict(sharded.model)  # rank 0 gathers the new weights
