@@ -26,7 +26,11 @@ class DistConfig:
     """Process-group backend: ``auto`` (NCCL when ``model.device`` is CUDA, gloo on the CPU),
     ``gloo`` or ``nccl`` (CUDA only)."""
     timeout_s: float = 600.0
-    """Seconds a collective may wait for the other ranks before the run fails."""
+    """Seconds a collective (the sharded update, a sharded save or load) may wait for the other
+    ranks, and seconds ranks > 0 wait without a heartbeat from rank 0 (it beats every
+    ``min(2, timeout_s / 4)`` s) before the run fails. Rank 0's own phases (sampling, scoring,
+    evaluation, checkpoints) do not count: the other ranks wait for its next command outside any
+    collective while it beats."""
     mixed_precision: str = "auto"
     """FSDP's precision policy: ``bf16`` (parameters gathered in bfloat16, gradients reduced in
     float32; master weights and AdamW state stay float32 shards), ``fp32`` (float32 throughout) or
