@@ -61,6 +61,7 @@ from tracerl.models.backend import HFPolicy
 from tracerl.models.scoring import ReferenceScorer
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
 from tracerl.rollout.executor import LocalExecutor
+from tracerl.testbed.provenance import provenance
 from tracerl.allocation.schemes import SchemeConfig, expandable_nodes, get_scheme
 
 OUT = Path(__file__).parent / "results" / "allocation_effective_ratio.json"
@@ -354,6 +355,7 @@ def _write(args: argparse.Namespace, path: str, world_cfg: WorldConfig, runs: li
         "setup": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "seeds_done": len(runs),
         "model": path,
+        "provenance": provenance(path if args.model else "tiny", args.preset),
         "world": asdict(world_cfg),
         **(summarise(runs, args) if runs else {}),
         **({"offline_predictor": offline} if offline is not None else {}),

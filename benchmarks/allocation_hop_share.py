@@ -17,7 +17,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from common import BENCH_SETTING, RESULTS, configure_torch, fresh_dir, resolve, write_json
+from common import BENCH_SETTING, RESULTS, configure_torch, fresh_dir, provenance_of, resolve, write_json
 from sample_efficiency import BASE
 
 
@@ -60,7 +60,8 @@ def main() -> None:
     for method in args.methods:
         rows[method] = hop_share(method, args)
         print(method, rows[method]["leaf_share_by_hops"], flush=True)
-    write_json(args.out, {"steps": args.steps, "seed": args.seed, "setting": BENCH_SETTING, "methods": rows})
+    write_json(args.out, {"steps": args.steps, "seed": args.seed, "setting": BENCH_SETTING, "methods": rows,
+                          "provenance": provenance_of(resolve("grpo", BASE + BENCH_SETTING, False))})
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from common import RESULTS, configure_torch, fresh_dir, machine, mean, resolve, write_json
+from common import RESULTS, configure_torch, fresh_dir, machine, mean, provenance_of, resolve, write_json
 from sample_efficiency import sweep_overrides
 
 from tracerl.allocation.predictor import weighted_auc
@@ -153,7 +153,7 @@ def main() -> None:
         "success_rate": mean([float(t.reward > 0.5) for t in trajectories]),
         "forms": {form: measure(trajectories, tasks, outcome, options, form)
                   for form in ("log_ratio", "raw_diff", "remaining_gap")},
-        "seconds": time.perf_counter() - clock, **machine(),
+        "seconds": time.perf_counter() - clock, **machine(), "provenance": provenance_of(config),
     }
     write_json(args.out, data)
     for form, m in data["forms"].items():

@@ -55,6 +55,7 @@ from common import (
     describe_config,
     machine,
     mean,
+    provenance_of,
     resolve,
     save_figure,
     std,
@@ -343,9 +344,11 @@ def main() -> None:
     if args.merge:
         runs, shard = merge_shards(args.merge, args.import_from)
         points, setting, quick, seconds = shard["grid"], shard["setting"], shard["quick"], shard["seconds"]
-        extra = {"shards": shard["shards"], **{k: shard[k] for k in ("machine", "python", "torch", "threads", "cpus")}}
+        extra = {"shards": shard["shards"], "provenance": shard.get("provenance"),
+                 **{k: shard[k] for k in ("machine", "python", "torch", "threads", "cpus")}}
     else:
-        points, quick, extra = grid(args), args.quick, machine()
+        points, quick = grid(args), args.quick
+        extra = {**machine(), "provenance": provenance_of(resolve(PRESET, sweep_overrides(args), args.smoke))}
 
         def save(runs: dict[str, list[dict[str, Any]]], setting: dict[str, Any]) -> None:  # a killed queue keeps these
             write_json(args.out, result_of(points, runs, setting, quick, time.perf_counter() - clock, extra))

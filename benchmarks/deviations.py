@@ -34,7 +34,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, configure_torch, machine, write_json
+from common import RESULTS, configure_torch, machine, provenance_of, write_json
 
 from tracerl.agent.formats import ReactFormat, get_format
 from tracerl.allocation.predictor import SuccessPredictor
@@ -182,6 +182,7 @@ def main() -> None:
         "distinct_observations": distinct_observations(sample),
         "trace_steps": trace_steps(engine, world.train[args.prompts:], args.trace_steps),
         "dapo": dapo_from_sweep(), "seconds": time.time() - start, **machine(),
+        "provenance": provenance_of(tiny_preset="default"),
     }
     print(json.dumps(data, indent=1))
     write_json(Path(args.out), data)

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.runs.metrics import is_timing_key
+from tracerl.testbed.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 # Cheap steps on the pretrained smoke model (it answers sometimes, so updates are non-zero);
@@ -249,6 +250,7 @@ def main() -> None:
     train = f" --kills {args.kills} --steps {args.steps}" if "train" in phases else ""
     kills = "".join(f" --{p}-kills {getattr(args, p + '_kills')}" for p in ("convert", "view") if p in phases)
     summary["command"] = f"python benchmarks/kill_resume.py{train} --seed {args.seed} --phases {args.phases}{kills}"
+    summary["provenance"] = provenance("tiny", "smoke")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))

@@ -60,6 +60,7 @@ from common import (
     fresh_dir,
     machine,
     mean,
+    provenance_of,
     resolve,
     save_figure,
     setting_overrides,
@@ -357,7 +358,7 @@ def main() -> None:
     if args.merge:
         runs, shard = merge_shards(args.merge)
         setting, quick, seconds = shard["setting"], shard["quick"], shard["seconds"]
-        extra = {"shards": shard["shards"], "shard_seconds_total": seconds,
+        extra = {"shards": shard["shards"], "shard_seconds_total": seconds, "provenance": shard.get("provenance"),
                  **{k: shard[k] for k in ("machine", "python", "torch", "threads", "cpus")}}
     else:
         configure_torch(args.threads)
@@ -374,7 +375,8 @@ def main() -> None:
                    "held_out": "test split of an unseen world (data.eval_fact_seed)",
                    "train_split": "training questions of the training worlds (seen)",
                    "redrawn_split": "training questions, facts re-drawn (data.redrawn_fact_seed)"}
-        quick, seconds, extra = args.quick, time.perf_counter() - clock, machine()
+        quick, seconds = args.quick, time.perf_counter() - clock
+        extra = {**machine(), "provenance": provenance_of(resolve("grpo", overrides, args.smoke))}
     summary = summarise(runs)
     result = {
         "methods": summary["methods"],

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, configure_torch, fresh_dir, resolve, write_json
+from common import RESULTS, configure_torch, fresh_dir, provenance_of, resolve, write_json
 from sample_efficiency import by_hops
 
 RUN = ["rollout.budget=64", "rollout.pool_size=16", "rollout.schemes.group_size=8", "eval.size=200",
@@ -73,7 +73,7 @@ def main() -> None:
     print(f"{args.label}: base {json.dumps(base)} ({base_seconds:.0f} s)", flush=True)
     row: dict[str, Any] = {"overrides": list(args.overrides), "method": args.method, "steps": args.steps,
                            "seed": args.seed, "eval_questions": config.eval.size, "base": base,
-                           "base_seconds": base_seconds}
+                           "base_seconds": base_seconds, "provenance": provenance_of(config)}
     if args.steps:
         clock = time.perf_counter()
         records = trainer.run()

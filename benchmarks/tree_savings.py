@@ -36,6 +36,7 @@ from common import (
     fresh_dir,
     machine,
     mean,
+    provenance_of,
     resolve,
     save_figure,
     setting_overrides,
@@ -170,7 +171,8 @@ def main() -> None:
     summary = summarise(rows)
     result = {**summary, "setting": {"overrides": overrides, "smoke": args.smoke, **describe_config(config),
                                      "steps": args.steps, "roots": args.roots, "seed": args.seed},
-              "steps": rows, "quick": args.quick, "seconds": time.perf_counter() - clock, **machine()}
+              "steps": rows, "quick": args.quick, "seconds": time.perf_counter() - clock, **machine(),
+              "provenance": provenance_of(config)}
     write_json(args.out, result)
     png = plot(summary, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {png}")

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from common import RESULTS, configure_torch, fresh_dir, machine, mean, median, save_figure, write_json
+from common import RESULTS, configure_torch, fresh_dir, machine, mean, median, provenance_of, save_figure, write_json
 
 INSTALL = ("python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0 && "
            ".venv-bench/bin/pip install transformers==5.24.0 trl -e .")
@@ -329,6 +329,7 @@ def main() -> None:
         "quick": args.quick,
         "seconds": time.perf_counter() - clock,
         **machine(),
+        "provenance": provenance_of(name_or_path=args.model or "tiny", tiny_preset=args.tiny_preset),
     }
     from transformers import AutoTokenizer
 

@@ -207,16 +207,20 @@ def pretrain(
     out: str = typer.Option(None, "--out", help="Also copy the model to this folder."),
     steps: int = typer.Option(None, help="Optimiser steps (default from the preset)."),
     seed: int = typer.Option(None, help="Seed of data and initialisation (default 0)."),
-    preset: str = typer.Option("default", help="default (a few minutes on 2 CPU cores), two_layer or smoke (seconds)."),
+    preset: str = typer.Option("default", help="A tiny_config.py preset: default (a few minutes on 2 CPU cores), "
+                                               "smoke (seconds), bench_hops, bench_hops_lookalike, ..."),
     threads: int = typer.Option(0, help="torch CPU threads; 0: $TRACERL_THREADS or all available cores."),
+    ship: bool = typer.Option(False, "--ship", help="Replace the package's shipped copy of the preset "
+                                                    "(tracerl/testbed/weights/PRESET, new manifest); in a source checkout."),
 ) -> None:
-    """Pretrain the embedded tiny base model (or reuse the cached one) and print its folder."""
+    """Pretrain the embedded tiny base model here (or reuse this machine's cached pretraining) and print its
+    folder. Runs use the copy shipped in the package; this re-makes it."""
     from tracerl.models.threads import set_threads
     from tracerl.testbed.tiny import pretrained_folder
 
     set_threads(threads)  # under load, torch's default thread count made pretraining ~7x slower
     _STATE["writing"] = out
-    path = pretrained_folder(preset, out=out, steps=steps, seed=seed)
+    path = pretrained_folder(preset, out=out, steps=steps, seed=seed, ship=ship)
     typer.echo(str(path))
 
 

@@ -13,7 +13,9 @@ from scratch in a few minutes on CPU:
 - :func:`pretrain_tiny_model`: plain PyTorch (AdamW, warmup + cosine LR) on SynthWiki documents
   and exploratory episodes over many re-drawn worlds (same names, fresh facts; see
   :mod:`tracerl.testbed.tiny_data`).
-- :func:`load_or_pretrain`: the same, cached under ``$XDG_CACHE_HOME/tracerl/tiny/<hash>/``.
+- :func:`load_or_pretrain`: the model shipped in the package for a preset's config
+  (:mod:`tracerl.testbed.shipped`); any other config pretrained once and cached under
+  ``$XDG_CACHE_HOME/tracerl/tiny/<hash>/``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from transformers.utils import logging as hf_logging
 
 from tracerl.agent.formats import get_format
 from tracerl.envs.synthwiki import WorldConfig
+from tracerl.testbed.shipped import find_shipped, ship_preset
 from tracerl.testbed.tiny_config import PRESETS, TinyModelConfig, get_preset
 from tracerl.testbed.tiny_data import (
     ExplorerConfig,
@@ -204,6 +207,7 @@ def pretrain_tiny_model(config: TinyModelConfig | None = None, out_dir: str | Pa
     record = {"parameters": count_parameters(model), "vocab_size": len(tokenizer), **stats,
               "data_seconds": round(data_seconds, 2), "train_seconds": round(log.seconds, 2),
               "total_seconds": round(_now() - start, 2), "precision": log.precision,
+              "torch": torch.__version__, "threads": torch.get_num_threads(), "device": log.device,
               "train_tokens": log.tokens, "losses": [round(x, 4) for x in log.losses]}
     (out / "pretrain_log.json").write_text(json.dumps(record, indent=2) + "\n")
     return out
@@ -222,14 +226,20 @@ def default_cache_dir() -> Path:
 
 
 def load_or_pretrain(config: TinyModelConfig | None = None, cache_dir: str | Path | None = None,
-                     progress: bool = True) -> Path:
-    """The folder of the pretrained model for ``config``; pretrains it once and caches it.
+                     progress: bool = True, shipped: bool = True) -> Path:
+    """The folder of the pretrained model for ``config``.
 
-    The folder is ``<cache_dir>/<config hash>/`` (default cache dir
-    ``$XDG_CACHE_HOME/tracerl/tiny``), written to a temporary folder first and renamed, so a
-    half-written model is never found.
+    With ``shipped`` (the default) a config that a shipped model was made from gets that folder,
+    its sha256 checked (:func:`~tracerl.testbed.shipped.find_shipped`); nothing is pretrained.
+    Otherwise the model is pretrained once and cached in ``<cache_dir>/<config hash>/`` (default
+    cache dir ``$XDG_CACHE_HOME/tracerl/tiny``), written to a temporary folder first and renamed,
+    so a half-written model is never found.
     """
     config = config or PRESETS["default"]
+    if shipped:
+        found = find_shipped(config)
+        if found is not None:
+            return found
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / config.hash()
     if (final / "tiny_config.json").exists():
@@ -288,15 +298,25 @@ def _pid_alive(pid: int) -> bool:
 
 def pretrained_folder(preset: str = "default", out: str | Path | None = None, steps: int | None = None,
                       seed: int | None = None, cache_dir: str | Path | None = None,
-                      progress: bool = True) -> Path:
-    """What ``tracerl pretrain`` does: the cached model of a preset (with overrides).
+                      progress: bool = True, ship: bool = False) -> Path:
+    """What ``tracerl pretrain`` does: a preset's model (with overrides) pretrained here, never the
+    shipped copy (the pretraining cache of the same config hash is reused; delete it to start over).
 
     With ``out`` the cached folder is also copied there (an existing ``out`` must hold the
-    same model or be empty).
+    same model or be empty). With ``ship`` it replaces the package's shipped copy of the preset
+    (``tracerl/testbed/weights/<preset>``, with a new manifest; run it in a source checkout) and
+    that folder is returned.
     """
     changes = {k: v for k, v in (("steps", steps), ("seed", seed)) if v is not None}
+    if ship and changes:
+        raise ValueError("--ship publishes a preset's own model: drop --steps and --seed")
     config = replace(get_preset(preset), **changes)
-    cached = load_or_pretrain(config, cache_dir=cache_dir, progress=progress)
+    cached = load_or_pretrain(config, cache_dir=cache_dir, progress=progress, shipped=False)
+    if ship:
+        threads = json.loads((cached / "pretrain_log.json").read_text()).get("threads", torch.get_num_threads())
+        shipped = ship_preset(preset, cached, f"TRACERL_THREADS={threads} tracerl pretrain --preset {preset} --ship")
+        if out is None:
+            return shipped
     if out is None:
         return cached
     target = Path(out)

@@ -32,6 +32,7 @@ class TrainLog:
     """Tokens in all batches (padding excluded)."""
     seconds: float = 0.0
     precision: str = "float32"
+    device: str = "cpu"
 
 
 def lr_at(step: int, config: TinyModelConfig) -> float:
@@ -126,7 +127,7 @@ def train_causal_lm(model: Any, samples: list[Sample], config: TinyModelConfig, 
     optim = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
                                {"params": no_decay, "weight_decay": 0.0}],
                               lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
-    log = TrainLog(precision=precision)
+    log = TrainLog(precision=precision, device=torch.device(device).type)
     lengths = [len(s.ids) for s in samples]
     queue: list[list[int]] = []
     start = time.perf_counter()

@@ -1,4 +1,5 @@
-"""``--smoke``: can the smoke-pretrained tiny model serve this run, and pretraining it once, said aloud.
+"""``--smoke``: can the smoke-pretrained tiny model serve this run (the package ships it; pretraining
+it, only where no shipped copy matches the preset, is said aloud).
 
 The smoke-pretrained tiny model (``model.name_or_path=tiny``, ``model.tiny_preset=smoke``) calls
 tools, earns some rewards and gives readiness credit in a run of seconds, but its word-level
@@ -60,31 +61,37 @@ def _check_data_coverage(config: TrainConfig) -> None:
 
 
 def _smoke_tokenizer() -> Any:
-    """The smoke model's tokenizer: from the cache when pretrained, else rebuilt as pretraining builds it."""
+    """The smoke model's tokenizer: the shipped (or cached) model's, else rebuilt as pretraining builds it."""
     from transformers import AutoTokenizer
 
+    from tracerl.testbed.shipped import find_shipped
     from tracerl.testbed.tiny import default_cache_dir, tokenizer_for_world
     from tracerl.testbed.tiny_config import get_preset
 
-    cached = default_cache_dir() / get_preset("smoke").hash()
-    if (cached / "tiny_config.json").exists():
-        return AutoTokenizer.from_pretrained(str(cached))
-    return tokenizer_for_world(get_preset("smoke").world)
+    config = get_preset("smoke")
+    folder = find_shipped(config) or default_cache_dir() / config.hash()
+    if (folder / "tiny_config.json").exists():
+        return AutoTokenizer.from_pretrained(str(folder))
+    return tokenizer_for_world(config.world)
 
 
 def ensure_smoke_model(write: Callable[[str], None]) -> Path:
-    """The smoke model's cached folder; the first time, pretrain it and say so in one line with its time.
+    """The smoke model's folder: the one shipped in the package (its sha256 checked), so nothing is
+    pretrained; without a shipped copy of the current preset, pretrain it once and say so in one line.
 
     ``write`` takes raw text (stderr in the CLI): the line reads ``--smoke: pretraining ... done in
     31.2 s`` and its first half shows while the user waits. Pretraining runs on one torch thread
     whatever the run's count: the 0.08M-parameter model is fastest so (a loaded 2-core machine took
-    251 s with torch's default two threads), and the model, deterministic per thread count, is then
-    the same one wherever ``--smoke`` runs.
+    251 s with torch's default two threads), and the shipped copy was made so too.
     """
+    from tracerl.testbed.shipped import find_shipped
     from tracerl.testbed.tiny import default_cache_dir, load_or_pretrain
     from tracerl.testbed.tiny_config import get_preset
 
     config = get_preset("smoke")
+    shipped = find_shipped(config)
+    if shipped is not None:
+        return shipped
     folder = default_cache_dir() / config.hash()
     if (folder / "tiny_config.json").exists():
         return folder
