@@ -6,7 +6,10 @@ blob: :func:`weight_buckets` reads the trainer's state dict lazily, so only one 
 materialised at a time, and a sharded (FSDP2 ``DTensor``) parameter is unsharded
 (``full_tensor()``) one at a time as its bucket is built. Buckets hold whole layers: names that
 share a layer prefix (``model.layers.3.``) never straddle two buckets, because a serving engine
-that fuses a layer's projections (vLLM's ``qkv_proj``) must see all of them in one load.
+that fuses a layer's projections (vLLM's ``qkv_proj``) must see all of them in one load. With
+``dtype`` (the policy's working precision) each floating tensor is cast as its bucket is built, so
+a bf16 policy's float32 master weights travel as 2 bytes per parameter and no whole-model copy
+in either precision is ever made.
 """
 
 from __future__ import annotations
@@ -40,17 +43,28 @@ def _storage(tensor: torch.Tensor) -> int:
     return local.data_ptr()
 
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor, detached (a DTensor is gathered from its shards)."""
+def _full(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The whole tensor, detached (a DTensor is gathered from its shards); a floating tensor cast
+    to ``dtype`` when given (a copy only when the dtype differs)."""
     full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-    return full.detach()
+    full = full.detach()
+    return full.to(dtype) if dtype is not None and full.is_floating_point() else full
 
 
-def weight_buckets(model_or_state: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[Bucket]:
+def _nbytes(tensor: torch.Tensor, dtype: torch.dtype | None) -> int:
+    if dtype is not None and tensor.is_floating_point():
+        return tensor.numel() * (torch.finfo(dtype).bits // 8)
+    return tensor.numel() * tensor.element_size()
+
+
+def weight_buckets(model_or_state: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                   dtype: torch.dtype | None = None) -> Iterator[Bucket]:
     """``(name, tensor)`` buckets of a model's (or state dict's) tensors, in state-dict order.
 
     Tied aliases go once, under the name that is not ``lm_head.*`` (serving engines skip the head
-    of a tied model). Tensors keep their device and dtype; each is unsharded as its bucket is built.
+    of a tied model). Tensors keep their device; their dtype too unless ``dtype`` is given (floating
+    tensors are then cast to it, integer buffers kept). Each is unsharded and cast as its bucket is
+    built, so one bucket at a time is materialised.
     """
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
@@ -64,15 +78,15 @@ def weight_buckets(model_or_state: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES
     bucket: list[str] = []
     size, last = 0, None
     for name in names:
-        nbytes = state[name].numel() * state[name].element_size()
+        nbytes = _nbytes(state[name], dtype)
         key = layer_key(name)
         if bucket and key != last and size + nbytes > bucket_bytes:
-            yield [(n, _full(state[n])) for n in bucket]
+            yield [(n, _full(state[n], dtype)) for n in bucket]
             bucket, size = [], 0
         bucket.append(name)
         size, last = size + nbytes, key
     if bucket:
-        yield [(n, _full(state[n])) for n in bucket]
+        yield [(n, _full(state[n], dtype)) for n in bucket]
 
 
 def load_buckets(model: torch.nn.Module, buckets: Iterable[Bucket]) -> int:

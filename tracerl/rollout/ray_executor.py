@@ -6,10 +6,12 @@ execute. Each actor builds its executor with the builder a plain-data
 with each ``sync_weights``). This module imports Ray; nothing else in tracerl does, and it loads
 no model code on the driver (the actors import it).
 
-- Ownership: a tree lives on worker :func:`~tracerl.core.protocol.worker_of` (a stable hash of its task id), so ``prompt_states`` and
-  ``start`` of one task reach the same worker (its prefill KV serves the start) and every
-  expansion of a tree reaches the worker holding it. Calls fan out in parallel; the merged
-  result lists the deltas in request order (first touch), as one executor would.
+- Ownership: a task's trees live on one worker, chosen when its first tree starts by planned
+  work (:func:`~tracerl.rollout.placement.place`: the least-loaded worker by rollouts requested,
+  preferring the worker that prefilled its prompt on a tie); the task stays there while any of its
+  trees lives, so every expansion of a tree reaches the worker holding it. Tokens do not depend
+  on placement (seeds are per tree and branch). Calls fan out in parallel; the merged result lists
+  the deltas in request order (first touch), as one executor would.
 - The driver keeps a copy of every tree it has results for (deltas applied in request order),
   its task and branch counters: what an adopting worker needs.
 - Faults: a worker that dies, or has not answered within ``rollout.request_timeout_s``, is
@@ -18,22 +20,29 @@ no model code on the driver (the actors import it).
   failed call's requests again, unchanged (same seeds and branch indices), so the step ends with
   the trees it would have had; a failed call returned nothing, so nothing is counted twice.
   ``rollout.max_worker_restarts`` replacements per worker; then :class:`WorkerLostError`.
-- Weights: ``(name, tensor)`` buckets through ``rollout.weight_sync``
-  (:mod:`tracerl.rollout.weight_sync`); the backends clear their prefix caches on every sync.
+- Weights: ``(name, tensor)`` buckets in the policy's dtype (``model.dtype``: a bf16 policy's
+  float32 master weights travel as 2 bytes per parameter) through ``rollout.weight_sync``
+  (:mod:`tracerl.rollout.weight_sync`), streamed: each bucket is built (gathered and cast), put
+  once in the object store (one copy per node) and loaded by every worker before the bucket after
+  next is built, so the driver holds at most two buckets. A replacement worker is streamed the
+  same weights from the same source. The backends clear their prefix caches on every sync.
 
-:meth:`RayExecutor.take_metrics` gives the step's ``time_sync_weights``, ``sync_bytes``,
-``worker_failures``, ``requests_retried`` and each worker's generated tokens per second.
+:meth:`RayExecutor.take_metrics` gives the step's ``time_sync_weights``, ``sync_bytes``, ``sync_s_per_gb``,
+``worker_failures``, ``requests_retried``, ``worker_imbalance`` (busiest worker's planned
+rollouts over the mean) and each worker's generated tokens per second.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import ray
+import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -47,10 +56,10 @@ from tracerl.core.protocol import (
     StartRequest,
     apply_delta,
     tree_delta,
-    worker_of,
 )
 from tracerl.core.types import RolloutTree
 from tracerl.errors import UserError
+from tracerl.rollout.placement import imbalance, place
 from tracerl.rollout.ray_worker import RolloutWorker
 from tracerl.rollout.weight_sync import bucket_bytes, pack
 from tracerl.rollout.worker_spec import WorkerSpec
@@ -84,6 +93,8 @@ class RayExecutor:
         self.build_timeout = max(self.timeout, 600.0)  # building a worker (loading a model) is not a request
         self.driver_score = score
         self.version = int(spec.version)
+        self.sync_dtype = getattr(torch, str(spec.config.get("model", {}).get("dtype", "float32")))
+        self.bucket_bytes = 256 * 2**20  # per streamed bucket (the driver holds two at most)
         res = rollout.get("worker_resources", {}) or {}
         self.resources = {"num_cpus": float(res.get("cpus", 1.0)), "num_gpus": float(res.get("gpus", 0.0))}
         scorers = int(rollout.get("scoring_workers", 1)) if self.readiness_on == "scoring_workers" else 0
@@ -102,11 +113,16 @@ class RayExecutor:
         self.actors = [self._spawn(i) for i in range(self.n + scorers)]
         ray.get([a.pid.remote() for a in self.actors], timeout=self.build_timeout)  # built (model loaded) before step 1
         self.restarts = [0] * (self.n + scorers)
-        self._weights: Any = None  # the last weights payload (an ObjectRef): a replacement loads it
+        self._source: Any = None  # the last weights given to sync_weights: a replacement is streamed them
         self._eval_state: dict[str, int] | None = None  # worker 0's evaluation counter: a replacement loads it
         self.trees: dict[str, RolloutTree] = {}
         self.tasks: dict[str, dict[str, Any]] = {}
         self.branches: dict[str, dict[int, int]] = {}
+        self.owner: dict[str, int] = {}  # task id -> the worker holding its trees (while any lives)
+        self.prefilled: dict[str, int] = {}  # task id -> the worker that prefilled its prompt this step
+        self.work: dict[str, float] = {}  # tree id -> rollouts requested of it
+        self.load = [0.0] * self.n  # planned rollouts of the live trees, per worker
+        self._step_work = [0.0] * self.n  # rollouts requested this step, per worker (worker_imbalance)
         self._metrics: dict[str, float] = {}
         if self.weight_sync == "nccl":
             self._join_nccl()
@@ -121,13 +137,20 @@ class RayExecutor:
         return self._by_task("prompt_ids", tasks)
 
     def prompt_states(self, tasks: Sequence[dict[str, Any]]) -> list[list[float] | None]:
-        """On each task's owner, which keeps the prefill's KV for the start that follows."""
-        return self._by_task("prompt_states", tasks)
+        """On each task's owner (unplaced tasks in turn); the worker keeps the prefill's KV, and the
+        task's placement prefers it on a tie."""
+        return self._by_task("prompt_states", tasks, remember=True)
 
     def start(self, requests: Sequence[StartRequest]) -> RolloutResult:
+        new: dict[str, float] = {}
         for r in requests:
             self.tasks[r.tree_id] = r.task
-        shares = self._shares(requests, lambda r: worker_of(r.task["id"], self.n))
+            if r.task["id"] not in self.owner:
+                new[r.task["id"]] = new.get(r.task["id"], 0.0) + r.n
+        self.owner.update(place(list(new.items()), self.load, self.prefilled))
+        for r in requests:
+            self._plan(r.tree_id, r.n)
+        shares = self._shares(requests, lambda r: self.owner[r.task["id"]])
         result = self._rollout_call("start", requests, shares)
         for r in requests:
             self.branches[r.tree_id] = {0: int(r.n)}
@@ -137,7 +160,9 @@ class RayExecutor:
         unknown = [r.tree_id for r in requests if r.tree_id not in self.tasks]
         if unknown:
             raise ValueError(f"expand of trees {unknown} that no start of this executor produced")
-        shares = self._shares(requests, lambda r: worker_of(self.tasks[r.tree_id]["id"], self.n))
+        for r in requests:
+            self._plan(r.tree_id, r.k)
+        shares = self._shares(requests, lambda r: self._owner_of(r.tree_id))
         result = self._rollout_call("expand", requests, shares)
         for r in requests:
             counts = self.branches[r.tree_id]
@@ -147,12 +172,18 @@ class RayExecutor:
 
     def adopt(self, requests: Sequence[AdoptRequest]) -> None:
         """Trees from elsewhere: their owners take them over (and this driver's copy is theirs)."""
+        new: dict[str, float] = {}
         for req in requests:
             self.trees.pop(req.tree.tree_id, None)
             apply_delta(self.trees, req.tree)
             self.tasks[req.tree.tree_id] = req.task
             self.branches[req.tree.tree_id] = {int(k): v for k, v in req.branches.items()}
-        shares = self._shares(requests, lambda r: worker_of(r.task["id"], self.n))
+            if req.task["id"] not in self.owner:
+                new[req.task["id"]] = new.get(req.task["id"], 0.0) + max(1, len(req.tree.trajectories))
+        self.owner.update(place(list(new.items()), self.load, self.prefilled))
+        for req in requests:
+            self._plan(req.tree.tree_id, max(1, len(req.tree.trajectories)))
+        shares = self._shares(requests, lambda r: self._owner_of(r.tree.tree_id))
         self._fan_out("adopt", shares)
 
     def score(self, requests: Sequence[ScoreRequest]) -> ScoreResult:
@@ -164,8 +195,10 @@ class RayExecutor:
                 raise ValueError("rollout.readiness_on = 'driver' but the driver has no reference scorer "
                                  "(readiness needs algo.credit = true)")
             return self.driver_score(requests)
-        if self.readiness_on == "workers":
-            shares = self._shares(requests, lambda r: worker_of(r.task_id, self.n))
+        if self.readiness_on == "workers":  # where the trees are (unplaced tasks in turn)
+            shares = {}
+            for i, r in enumerate(requests):
+                shares.setdefault(self.owner.get(r.task_id, i % self.n), []).append(r)
         else:
             scorers = list(range(self.n, len(self.actors)))
             shares = {}
@@ -180,43 +213,76 @@ class RayExecutor:
         return merged
 
     def sync_weights(self, weights: Any, version: int) -> None:
-        """Every worker takes ``weights`` (the trainer's model, or buckets) as ``version``; a worker
-        that died since the last call (idle during the update) is replaced here, like a worker that
-        fails a request."""
+        """Every worker takes ``weights`` (the trainer's model, or buckets) as ``version``, streamed
+        bucket by bucket in the policy's dtype; a worker that died since the last call (idle during
+        the update) is replaced here, like a worker that fails a request."""
         clock = time.perf_counter()
-        if isinstance(weights, list):
-            buckets = weights
+        self._source, self.version = weights, int(version)  # what a replacement is streamed
+        sent, failed = self._stream(list(range(len(self.actors))))
+        for w, err in failed.items():  # a worker that died while idle fails here: replace it
+            if self.weight_sync == "nccl":
+                raise WorkerLostError(f"rollout worker w{w} failed during a weight sync and a replacement "
+                                      f"cannot join the nccl group (last error: {_one_line(err)}); use "
+                                      "rollout.weight_sync=object_store to have workers replaced") from None
+            self._replace(w, err)  # the replacement takes these weights and re-adopts its trees
+        self._add("time_sync_weights", time.perf_counter() - clock)
+        self._add("sync_bytes", float(sent))
+
+    def _buckets(self) -> Iterator[list[tuple[str, Any]]]:
+        """The last weights as buckets in the policy's dtype, built one at a time."""
+        from tracerl.models.weights import weight_buckets  # torch only: no model code
+
+        if isinstance(self._source, list):  # buckets given: cast each
+            for bucket in self._source:
+                yield [(n, t.to(self.sync_dtype) if t.is_floating_point() else t) for n, t in bucket]
         else:
-            from tracerl.models.weights import weight_buckets  # torch only: no model code
+            yield from weight_buckets(self._source, self.bucket_bytes, self.sync_dtype)
 
-            buckets = list(weight_buckets(weights))
-        self._weights = ray.put(pack(buckets, self.weight_sync))
-        self.version = int(version)  # what a replacement loads (with self._weights)
-        pending = [a.sync.remote(self._weights, self.version, self.weight_sync) for a in self.actors]
-        if self.weight_sync == "nccl":
-            from tracerl.rollout.weight_sync import broadcast
+    def _stream(self, workers: Sequence[int]) -> tuple[int, dict[int, BaseException]]:
+        """Stream the last weights to ``workers``: bytes sent (once per bucket) and the workers
+        that failed (dead or silent past the timeout), which get nothing more."""
+        failed: dict[int, BaseException] = {}
+        window: deque[tuple[Any, dict[int, Any]]] = deque()  # (bucket, calls) in flight: two at most
+        sent = 0
+        for bucket in self._buckets():
+            payload = ray.put(pack([bucket], self.weight_sync))  # one copy in this node's object store
+            window.append((bucket, {w: self.actors[w].load.remote(payload, self.weight_sync)
+                                    for w in workers if w not in failed}))
+            if self.weight_sync == "nccl":
+                from tracerl.rollout.weight_sync import broadcast
 
-            broadcast(buckets)
+                broadcast([bucket])
+            sent += bucket_bytes([bucket])
+            del bucket, payload
+            if len(window) > 1:
+                self._wait(window.popleft()[1], failed)
+        while window:
+            self._wait(window.popleft()[1], failed)
+        self._wait({w: self.actors[w].end_sync.remote(self.version) for w in workers if w not in failed}, failed)
+        return sent, failed
+
+    def _wait(self, calls: Mapping[int, Any], failed: dict[int, BaseException]) -> None:
         deadline = time.monotonic() + self.timeout
-        for w, ref in enumerate(pending):  # a worker that died while idle fails here: replace it
+        for w, ref in calls.items():
             try:
                 ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except _FAULTS as err:
-                if self.weight_sync == "nccl":
-                    raise WorkerLostError(f"rollout worker w{w} failed during a weight sync and a replacement "
-                                          f"cannot join the nccl group (last error: {_one_line(err)}); use "
-                                          "rollout.weight_sync=object_store to have workers replaced") from None
-                self._replace(w, err)  # the replacement takes these weights and re-adopts its trees
-        self._add("time_sync_weights", time.perf_counter() - clock)
-        self._add("sync_bytes", float(bucket_bytes(buckets)))
+                failed.setdefault(w, err)
 
     def forget(self, tree_ids: Sequence[str]) -> None:
-        shares = self._shares([t for t in tree_ids if t in self.tasks], lambda t: worker_of(self.tasks[t]["id"], self.n))
+        shares = self._shares([t for t in tree_ids if t in self.tasks], self._owner_of)
         self._fan_out("forget", shares, retry=False)
         for t in tree_ids:
+            task = self.tasks.get(t)
+            if task is not None:
+                self.load[self.owner[task["id"]]] -= self.work.pop(t, 0.0)
             self.trees.pop(t, None)
             self.tasks.pop(t, None)
             self.branches.pop(t, None)
+        live = {task["id"] for task in self.tasks.values()}
+        self.owner = {task: w for task, w in self.owner.items() if task in live}  # freed tasks place anew
+        if not self.tasks:  # the step's trees are gone: its prefills too
+            self.prefilled.clear()
 
     def evaluate(self, tasks: Sequence[Any], samples: int = 1, seed: int = 0) -> dict[str, float]:
         """On worker 0 (one engine: the same numbers as a local executor). Its evaluation counter is
@@ -245,8 +311,11 @@ class RayExecutor:
     def take_metrics(self) -> dict[str, float]:
         """This step's counters and timings (then reset): ``time_sync_weights``, ``sync_bytes``,
         ``worker_failures``, ``requests_retried``, ``worker_<name>_tokens_per_s``."""
-        out = {"worker_failures": 0.0, "requests_retried": 0.0, "time_sync_weights": 0.0, "sync_bytes": 0.0}
+        out = {"worker_failures": 0.0, "requests_retried": 0.0, "time_sync_weights": 0.0, "sync_bytes": 0.0,
+               "worker_imbalance": imbalance(self._step_work)}
+        self._step_work = [0.0] * self.n
         out.update(self._metrics)
+        out["sync_s_per_gb"] = out["time_sync_weights"] / (out["sync_bytes"] / 1e9) if out["sync_bytes"] else 0.0
         for name in self.names[: self.n]:
             tokens, seconds = out.pop(f"_tokens_{name}", 0.0), out.pop(f"_seconds_{name}", 0.0)
             out[f"worker_{name}_tokens_per_s"] = tokens / seconds if seconds > 0 else 0.0
@@ -278,8 +347,22 @@ class RayExecutor:
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index))
         return actor.remote(replace(self.spec, worker=f"w{index}", version=self.version), self.weight_sync)
 
-    def _by_task(self, method: str, tasks: Sequence[dict[str, Any]]) -> list[Any]:
-        shares = self._shares(list(range(len(tasks))), lambda i: worker_of(tasks[i]["id"], self.n))
+    def _owner_of(self, tree_id: str) -> int:
+        return self.owner[self.tasks[tree_id]["id"]]
+
+    def _plan(self, tree_id: str, rollouts: float) -> None:
+        """Count ``rollouts`` requested of ``tree_id`` on its owner's load."""
+        w = self._owner_of(tree_id)
+        self.work[tree_id] = self.work.get(tree_id, 0.0) + rollouts
+        self.load[w] += rollouts
+        self._step_work[w] += rollouts
+
+    def _by_task(self, method: str, tasks: Sequence[dict[str, Any]], *, remember: bool = False) -> list[Any]:
+        """``method`` on each task's owner; unplaced tasks in turn (``remember``: as where they were prefilled)."""
+        where = [self.owner.get(t["id"], i % self.n) for i, t in enumerate(tasks)]
+        if remember:
+            self.prefilled.update({t["id"]: w for t, w in zip(tasks, where, strict=True) if t["id"] not in self.owner})
+        shares = self._shares(list(range(len(tasks))), lambda i: where[i])
         answers = self._fan_out(method, {w: [tasks[i] for i in idx] for w, idx in shares.items()})
         out: list[Any] = [None] * len(tasks)
         for w, idx in shares.items():
@@ -342,7 +425,11 @@ class RayExecutor:
     def _replace(self, w: int, err: BaseException) -> None:
         """Worker ``w`` failed: a fresh actor in its bundle with the last weights and its trees."""
         self._add("worker_failures", 1.0)
-        owned = sorted(t for t, task in self.tasks.items() if worker_of(task["id"], self.n) == w)
+        if self.weight_sync == "nccl":  # a new process cannot join the group the others are in
+            raise WorkerLostError(f"rollout worker w{w} failed ({_one_line(err)}) and a replacement cannot join "
+                                  "the nccl weight-sync group; use rollout.weight_sync=object_store to have "
+                                  "workers replaced")
+        owned = sorted(t for t, task in self.tasks.items() if self.owner.get(task["id"]) == w)
         while True:
             self.restarts[w] += 1
             if self.restarts[w] > self.max_restarts:
@@ -353,9 +440,10 @@ class RayExecutor:
             self.actors[w] = self._spawn(w)
             try:
                 ray.get(self.actors[w].pid.remote(), timeout=self.build_timeout)
-                if self._weights is not None:
-                    ray.get(self.actors[w].sync.remote(self._weights, self.version, self.weight_sync),
-                            timeout=self.build_timeout)
+                if self._source is not None:  # streamed the last weights, like every worker was
+                    _, failed = self._stream([w])
+                    if failed:
+                        raise failed[w]
                 adopt = [self._adopt_request(t) for t in owned if t in self.trees]
                 if adopt:
                     ray.get(self.actors[w].call.remote("adopt", adopt), timeout=self.build_timeout)

@@ -39,8 +39,16 @@ class RolloutWorker:
             time.sleep(3600)
         return getattr(self.executor, method)(*args)
 
-    def sync(self, payload: Any, version: int, mode: str) -> None:
-        self.executor.sync_weights(unpack(payload, mode, self.device), version)
+    def load(self, payload: Any, mode: str) -> int:
+        """One streamed part of a weight sync (the version stays until :meth:`end_sync`); the number
+        of tensors loaded."""
+        buckets = unpack(payload, mode, self.device)
+        self.executor.sync_weights(buckets, self.executor.version)
+        return sum(len(bucket) for bucket in buckets)
+
+    def end_sync(self, version: int) -> None:
+        """Every part is loaded: the weights are ``version`` (prefix caches cleared again)."""
+        self.executor.sync_weights([], version)
 
     def join_group(self, address: str, world: int, rank: int) -> None:
         """Join the ``nccl`` weight-sync group (the driver is rank 0)."""

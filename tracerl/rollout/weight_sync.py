@@ -1,14 +1,16 @@
 """How new weights travel from the trainer to Ray rollout workers (``rollout.weight_sync``).
 
-Every mode moves the same thing, ``(name, tensor)`` buckets (:func:`tracerl.models.weights.weight_buckets`),
+Every mode moves the same thing, ``(name, tensor)`` buckets in the policy's dtype
+(:func:`tracerl.models.weights.weight_buckets`), one bucket at a time (the executor streams them),
 and every worker ends with :meth:`LocalExecutor.sync_weights` on buckets. A mode is two halves:
 ``pack`` on the driver (what goes into the Ray call) and ``unpack`` on the worker (buckets back).
 
-- ``object_store``: the buckets themselves; the driver ``ray.put``\\ s them once and every worker
-  reads the same object (CPU tensors, any cluster). The default, and what the CPU tests run.
+- ``object_store``: the buckets themselves; the driver ``ray.put``\\ s each once and every worker
+  reads the same object (CPU tensors, any cluster: one copy per node). The default, and what the
+  CPU tests run.
 - ``cuda_ipc``: CUDA IPC handles of the driver's tensors (``torch.multiprocessing``'s reduction);
-  a worker on the same node maps them without a copy through the host. The driver keeps the
-  tensors alive until every worker has loaded them (the sync call waits).
+  a worker on the same node maps them without a copy through the host. The driver keeps each
+  bucket alive until every worker has loaded it.
 - ``nccl``: names, shapes and dtypes only; the tensors follow by ``torch.distributed.broadcast``
   from the driver (rank 0) in a group the executor sets up with its workers.
 
