@@ -175,10 +175,11 @@ def machine() -> dict[str, Any]:
             "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": _cpus()}
 
 
-def provenance_of(config: Any = None, *, name_or_path: str = "tiny", tiny_preset: str = "default") -> dict[str, Any]:
+def provenance_of(config: Any = None, *, name_or_path: str | None = "tiny", tiny_preset: str = "default") -> dict[str, Any]:
     """The base model (preset, config hash, sha256 of the shipped weights) and the machine (torch, CPU
     model, cores, threads, platform) for a results JSON: :func:`tracerl.testbed.provenance.provenance`
-    of ``config``'s model when a resolved config is given, else of ``name_or_path`` / ``tiny_preset``."""
+    of ``config``'s model when a resolved config is given, else of ``name_or_path`` / ``tiny_preset``
+    (``None``: no pretrained base model, machine facts only)."""
     from tracerl.testbed.provenance import provenance
 
     if config is not None:

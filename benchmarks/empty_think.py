@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 import torch
-from common import RESULTS, configure_torch, machine, mean, write_json
+from common import RESULTS, configure_torch, machine, mean, provenance_of, write_json
 
 from tracerl.allocation.predictor import weighted_auc
 from tracerl.agent.formats import get_format
@@ -107,7 +107,8 @@ def main() -> None:
         "seed": args.seed, "model_parameters": sum(p.numel() for p in model.parameters()),
         "what": "readiness of the gold after a thinking-trained tiny BPE Qwen3's turn opens, with and without "
                 "Qwen3's empty think block before <answer>; useful: the prompt's document states the gold",
-        "seconds": time.perf_counter() - clock, **machine()})
+        "seconds": time.perf_counter() - clock, **machine(),
+        "provenance": provenance_of(name_or_path=None)})  # the model is trained here, from args.seed
 
 
 if __name__ == "__main__":

@@ -144,6 +144,9 @@ def main() -> None:
             "transformers": transformers.__version__,
         }
     }
+    from tracerl.testbed.provenance import provenance
+
+    report["setup"]["provenance"] = provenance("tiny", "smoke")  # the runs' model.tiny_preset
     work = Path(tempfile.mkdtemp(prefix="tracerl-gpu-check-"))
     start = time.perf_counter()
     try:

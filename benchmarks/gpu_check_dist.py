@@ -185,6 +185,9 @@ def main() -> None:
     report: dict[str, Any] = {"setup": {"device": device, "backend": dist.get_backend(), "torch": torch.__version__,
                                         "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                                         "dry_run": args.dry_run}}
+    from tracerl.testbed.provenance import provenance
+
+    report["setup"]["provenance"] = provenance(None)  # random Qwen3 weights
     work = Path(tempfile.mkdtemp(prefix="tracerl-gpu-check-dist-"))
     began = time.perf_counter()
     try:

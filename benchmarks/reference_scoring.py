@@ -210,7 +210,10 @@ def main() -> None:
             case.update(run_batched(model, length, points, n, reps, args.device))
             print(json.dumps(case))
             cases.append(case)
+    from tracerl.testbed.provenance import provenance  # base model sha256 and machine facts for the JSON
+
     result = {
+        "provenance": provenance(None),  # a random Qwen3 preset: no pretrained base model
         "cases": cases,
         "model": {"preset": args.preset, "hidden": model.config.hidden_size, "layers": model.config.num_hidden_layers,
                   "vocab": model.config.vocab_size, "parameters": params, "dtype": str(model.dtype),

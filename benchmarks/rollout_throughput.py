@@ -277,7 +277,10 @@ def main() -> None:
             results["vllm"]["torch_threads"] = torch.get_num_threads()
             results["vllm"]["scheduling"] = run_vllm_scheduling(served, policy, env, tasks, args, results["vllm"])
             served.close()
+    from tracerl.testbed.provenance import provenance  # base model sha256 and machine facts for the JSON
+
     setup = {
+        "provenance": provenance(args.model or None),
         "model": args.model or f"random Qwen3 preset={args.preset} hidden={policy.model.config.hidden_size} "
         f"layers={policy.model.config.num_hidden_layers}",
         "parameters": params, "vocab": len(policy.tokenizer), "tasks": len(tasks),

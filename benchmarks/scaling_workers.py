@@ -43,6 +43,7 @@ from tracerl.allocation.session import RolloutSession  # noqa: E402
 from tracerl.config.schema import resolve_config  # noqa: E402
 from tracerl.train.data import load_task_data  # noqa: E402
 from tracerl.rollout.ray_executor import RayExecutor  # noqa: E402
+from tracerl.testbed.provenance import provenance  # noqa: E402
 from tracerl.train.executors import worker_spec  # noqa: E402
 
 OVERRIDES = ["rollout.executor=ray", "rollout.readiness_on=workers", "rollout.budget=32", "rollout.pool_size=8"]
@@ -100,6 +101,7 @@ def main() -> None:
                 f"budget 32, pool 8; mean of {args.steps} steps after one warm-up; sync of a driver-held model each step",
         "machine": {"cpu_cores": os.cpu_count(), "threads_per_process": os.environ.get("TRACERL_THREADS", ""),
                     "python": platform.python_version(), "torch": torch.__version__, "ray": ray.__version__},
+        "provenance": provenance(None),  # a random tiny Qwen3
         "runs": runs,
         "slowdown_2_vs_1": runs["workers_2"]["step_s"] / one["step_s"],
         "predicted_speedup_8_workers": 1.0 / (serial + one["share_execute"] / 8),

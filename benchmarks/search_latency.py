@@ -74,6 +74,9 @@ def main() -> None:
         "title_query_top1_accuracy": hits / len(title_queries),
         "machine": f"{platform.processor() or platform.machine()}, python {platform.python_version()}",
     }
+    from tracerl.testbed.provenance import provenance  # imported after the timings: it loads torch
+
+    report["provenance"] = provenance(None)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

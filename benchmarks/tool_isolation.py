@@ -90,6 +90,9 @@ def main() -> None:
         "worker_replacement_after_timeout_ms": replacement_ms(isolated, 10),
         "machine": {"machine": platform.machine(), "python": platform.python_version()},
     }
+    from tracerl.testbed.provenance import provenance  # imported after the timings: it loads torch
+
+    data["provenance"] = provenance(None)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=2) + "\n")
     print(json.dumps(data, indent=2))

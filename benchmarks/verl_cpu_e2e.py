@@ -112,6 +112,8 @@ def tracerl_run(out: Path) -> list[dict[str, float]]:
 def main() -> None:
     import torch
 
+    from tracerl.testbed.provenance import provenance
+
     base = Path(tempfile.mkdtemp(prefix="verl_cpu_e2e_"))
     env = example_env(base / "cache")
     subprocess.run([sys.executable, str(EXAMPLE / "prepare.py"), str(base / "run")], env=env, check=True)
@@ -139,6 +141,7 @@ def main() -> None:
         "what": "verl 0.9.1 main_ppo + TRACE on the CPU (examples/verl/cpu), 3 steps, against tracerl's own HF executor",
         "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
                     "processor": platform.processor() or platform.machine()},
+        "provenance": provenance(str(base / "run" / "model")),  # the model prepare.py wrote
         "steps": per_step,
         "verl_run_seconds": round(seconds, 1),
         "memory_gb": {"idle": round(idle, 2), "peak": round(peak, 2), "peak_above_idle": round(peak - idle, 2)},

@@ -62,10 +62,14 @@ def base_model_record(name_or_path: str = "tiny", tiny_preset: str = "default") 
         weights = default_cache_dir() / config.hash() / "model.safetensors"
         return {**record, "source": "cache", "sha256": file_sha256(weights) if weights.is_file() else None}
     weights = Path(name_or_path) / "model.safetensors"
+    if not Path(name_or_path).is_dir():  # a hub name or a description ("random Qwen3 ..."): nothing to hash
+        return {"name_or_path": name_or_path, "source": "name", "sha256": None}
     return {"name_or_path": name_or_path, "source": "path",
             "sha256": file_sha256(weights) if weights.is_file() else None}
 
 
-def provenance(name_or_path: str = "tiny", tiny_preset: str = "default") -> dict[str, Any]:
-    """``{"base_model": base_model_record(...), "machine": machine_facts()}`` for a results JSON."""
-    return {"base_model": base_model_record(name_or_path, tiny_preset), "machine": machine_facts()}
+def provenance(name_or_path: str | None = "tiny", tiny_preset: str = "default") -> dict[str, Any]:
+    """``{"base_model": base_model_record(...), "machine": machine_facts()}`` for a results JSON;
+    ``name_or_path=None`` for a benchmark without a pretrained base model (``base_model`` is ``None``)."""
+    base = None if name_or_path is None else base_model_record(name_or_path, tiny_preset)
+    return {"base_model": base, "machine": machine_facts()}
