@@ -55,7 +55,7 @@ from tracerl.testbed.tiny_train import TrainLog, train_causal_lm
 
 __all__ = [
     "PRESETS", "ExplorerConfig", "TinyModelConfig", "build_tiny_tokenizer", "count_parameters",
-    "get_preset", "load_or_pretrain", "pretrain_tiny_model", "pretrained_folder", "random_tiny_model",
+    "existing_folder", "get_preset", "load_or_pretrain", "pretrain_tiny_model", "pretrained_folder", "random_tiny_model",
     "tiny_qwen3_config", "tokenizer_for_world",
 ]
 
@@ -223,6 +223,16 @@ def _now() -> float:
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "tracerl" / "tiny"
+
+
+def existing_folder(config: TinyModelConfig, cache_dir: str | Path | None = None) -> Path | None:
+    """The shipped folder of ``config`` (sha256 checked), else its cached one, else ``None``:
+    what :func:`load_or_pretrain` would return without pretraining."""
+    found = find_shipped(config)
+    if found is not None:
+        return found
+    cached = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / config.hash()
+    return cached if (cached / "tiny_config.json").exists() else None
 
 
 def load_or_pretrain(config: TinyModelConfig | None = None, cache_dir: str | Path | None = None,

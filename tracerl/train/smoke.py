@@ -64,15 +64,13 @@ def _smoke_tokenizer() -> Any:
     """The smoke model's tokenizer: the shipped (or cached) model's, else rebuilt as pretraining builds it."""
     from transformers import AutoTokenizer
 
-    from tracerl.testbed.shipped import find_shipped
-    from tracerl.testbed.tiny import default_cache_dir, tokenizer_for_world
+    from tracerl.testbed.tiny import existing_folder, tokenizer_for_world
     from tracerl.testbed.tiny_config import get_preset
 
-    config = get_preset("smoke")
-    folder = find_shipped(config) or default_cache_dir() / config.hash()
-    if (folder / "tiny_config.json").exists():
+    folder = existing_folder(get_preset("smoke"))
+    if folder is not None:
         return AutoTokenizer.from_pretrained(str(folder))
-    return tokenizer_for_world(config.world)
+    return tokenizer_for_world(get_preset("smoke").world)
 
 
 def ensure_smoke_model(write: Callable[[str], None]) -> Path:
