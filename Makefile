@@ -25,6 +25,12 @@ lint: install
 demo: install
 	$(VENV)/bin/tracerl demo --out demo_out
 
+# The quick check: lint plus the default suite in .venv (about 8 minutes on 2 cores), one environment
+# and no extras. `make test` runs the same, then every optional environment's tests.
+.PHONY: check
+check: install lint
+	HF_HUB_OFFLINE=1 $(PY) -m pytest
+
 # The default suite in .venv, then the optional extras' tests and the vLLM backend's tests, each in
 # an environment of its own (the default run never imports them).
 test: install lint

@@ -111,7 +111,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(("args", "needle"), [
     (["train", "--stpes", "3"], "tracerl train: No such option: --stpes"),
     (["bogus"], "tracerl: No such command 'bogus'."),
-    (["config", "show"], "tracerl config show: Missing argument 'preset'."),
+    (["view"], "tracerl view: Missing argument 'run_dir'."),
     (["train", "grpo", "--steps", "x"], "tracerl train: Invalid value for '--steps'"),
 ])
 def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str], args: list[str], needle: str) -> None:
@@ -155,11 +155,12 @@ def test_the_width_is_the_terminal_s(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_header_and_footer(tmp_path: Path) -> None:
     config = resolve_config("trace", overrides=["steps=200"])
-    assert header(config, tmp_path, 990_000, 0) == (f"train trace | model tiny (default), 0.99M parameters | run "
-                                                    f"{tmp_path} | device cpu | steps 0 -> 200")
+    assert header(config, tmp_path, 990_000, 0, width=1000) == (
+        f"train trace | model tiny (default), 0.99M parameters | format react | run {tmp_path} | device cpu | "
+        "steps 0 -> 200")
     records = [{"step": 10, "eval_accuracy": 0.1}, {"step": 20, "eval_accuracy": 0.25, "eval_f1": 0.3, "eval_turns": 2.5},
                {"step": 21}]
-    assert footer(records, tmp_path / "ckpt-000021") == (
+    assert footer(records, tmp_path / "ckpt-000021", width=1000) == (
         f"final evaluation at step 20: accuracy 0.250, F1 0.300, turns 2.500 | checkpoint {tmp_path / 'ckpt-000021'}")
 
 
@@ -167,10 +168,12 @@ def test_train_prints_header_lines_and_footer(finished_run: Path, tmp_path: Path
     run = tmp_path / "copy"
     shutil.copytree(finished_run, run)
     lines = CliRunner().invoke(app, ["train", "--resume", str(run), "--steps", "4"], env={"COLUMNS": "80"}).stdout.splitlines()
-    assert lines[0].startswith("train grpo | model random-tiny, ") and lines[0].endswith("| steps 2 -> 4")
-    assert [line.split("  ")[0] for line in lines[1:3]] == ["step 3/4", "step 4/4"]
-    assert all(len(line) <= 80 and " ETA " in line and "reward " in line for line in lines[1:3])
-    assert lines[3].startswith("final evaluation at step 4: accuracy ") and lines[3].endswith(str(run / "ckpt-000004"))
+    first = next(i for i, line in enumerate(lines) if line.startswith("step 3/4"))  # the header may take lines
+    head, steps, foot = " ".join(lines[:first]), lines[first:first + 2], " ".join(lines[first + 2:])
+    assert head.startswith("train grpo | model random-tiny, ") and head.endswith(" steps 2 -> 4")
+    assert [line.split("  ")[0] for line in steps] == ["step 3/4", "step 4/4"]
+    assert all(len(line) <= 80 and " ETA " in line and "reward " in line for line in steps)
+    assert foot.startswith("final evaluation at step 4: accuracy ") and foot.endswith(str(run / "ckpt-000004"))
 
 
 def test_pretrain_prints_an_eta(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import click
 import typer
 
+from tracerl.envs.health import MIN_REACHABILITY
 from tracerl.errors import UsageError, exit_code, one_line
 
 try:  # typer >= 0.20 vendors its own click: its usage errors are not click's classes
@@ -151,6 +152,8 @@ def env_check(
                                               "answer gold) or random."),
     limit: int = typer.Option(None, help="Check only the first N tasks."),
     seed: int = typer.Option(0, help="Seed of the random policy."),
+    min_reachability: float = typer.Option(MIN_REACHABILITY, "--min-reachability", help="Exit 1 (after the JSON) when the "
+                                           "oracle's answer_reachability is below this; 0: never."),
 ) -> None:
     """Run a scripted policy through the real environment and print a JSON summary.
 
@@ -159,10 +162,16 @@ def env_check(
     """
     import json
 
+    from tracerl.envs.health import check_reachability
     from tracerl.rollout.env_check import run_env_check
 
+    if not 0.0 <= min_reachability <= 1.0:
+        raise UsageError(f"--min-reachability must be in [0, 1] (0: never fail), got {min_reachability}")
     summary = run_env_check(tasks, corpus, policy=policy, limit=limit, seed=seed)
     typer.echo(json.dumps(summary, indent=2))
+    if policy == "oracle":
+        check_reachability(summary["answer_reachability"], min_reachability, summary["tasks"],
+                           f"tasks {tasks} over corpus {corpus}", "--min-reachability 0 accepts it")
 
 # --- data (convert raw QA files) -----------------------------------------------------------
 
@@ -331,6 +340,7 @@ def train(
             raise UsageError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")
         check_launch(preset, config, set_, smoke_mode, resume, out, nproc, trust_code=trust_run_code)
         _pretrain_smoke_model(smoke_mode, preset, config, set_)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, given so it prints no banner
         raise typer.Exit(relaunch(nproc, sys.argv[1:]))
     driver = _rank0_driver() if launched_world() > 1 else None  # rank 0 under torchrun drives the sharded update
     if resume:
@@ -377,7 +387,7 @@ def _preflight(preset: str, config_file: str | None, overrides: list[str], smoke
 @config_app.command("show")
 @_guarded("config show")
 def config_show(
-    preset: str = typer.Argument(..., help="A method preset."),
+    preset: str = typer.Argument(None, help="A method preset (default: grpo, the base config every preset overlays)."),
     config: str = typer.Option(None, "--config", help="YAML file layered over the preset."),
     set_: list[str] = typer.Option(None, "--set", help="Override, e.g. --set optim.lr=1e-5."),
     smoke: bool = typer.Option(False, "--smoke", help="Show the --smoke variant (the smoke-pretrained tiny model)."),
@@ -389,7 +399,7 @@ def config_show(
     from tracerl.config.docs import explained_yaml
     from tracerl.train.preflight import checked_config
 
-    resolved, notes = checked_config(preset, config_file=config, overrides=set_ or [],
+    resolved, notes = checked_config(preset or "grpo", config_file=config, overrides=set_ or [],
                                      smoke=_smoke_mode(smoke, smoke_random))
     for note in notes:
         typer.echo(f"note: {note}", err=True)

@@ -101,7 +101,8 @@ def test_missing_model_path_fails_offline(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setattr(config_checks, "_in_hub_cache", lambda _: False)
     note = config_checks.check_model_source("someone/some-model")
     assert note is not None and "fetched from the Hugging Face Hub" in note
-    assert "not a Hugging Face repo id" in rejects(f"model.name_or_path={tmp_path / 'a' / 'b' / 'c'}")
+    assert "no such folder (" in rejects(f"model.name_or_path={tmp_path / 'a' / 'b' / 'c'}")  # a local path
+    assert "not a Hugging Face repo id" in rejects("model.name_or_path=not a repo id")
 
 
 def test_model_folder_needs_a_readable_config_and_weights(tmp_path: Path) -> None:

@@ -87,6 +87,9 @@ def check_model_source(name_or_path: str, field: str = "model.name_or_path") -> 
     field = f"{field} = {name_or_path!r}"
     if path.exists():
         raise ConfigError(f"{field} is a file; give a model folder (with config.json), tiny or random-tiny")
+    if looks_local(name_or_path):
+        raise ConfigError(f"{field}: no such folder ({path.absolute()}); give an existing model folder "
+                          "(check its spelling), tiny or random-tiny")
     if not _HUB_ID.match(name_or_path):
         raise ConfigError(f"{field}: no such folder, and not a Hugging Face repo id (org/name)")
     if _in_hub_cache(name_or_path):
@@ -95,6 +98,20 @@ def check_model_source(name_or_path: str, field: str = "model.name_or_path") -> 
         raise ConfigError(f"{field}: no such folder, nor in the Hugging Face cache (HF_HUB_OFFLINE is set, so "
                           "nothing is fetched); give a local model folder, tiny or random-tiny")
     return f"{field} is not a local folder; it will be fetched from the Hugging Face Hub"
+
+
+def looks_local(name_or_path: str) -> bool:
+    """Whether a model name that is no existing folder was meant as a local path, not a Hub repo id.
+
+    Local: it starts with ``.``, ``/`` or ``~``, holds a backslash or more than one ``/``, or its
+    first path component is a folder here (``testbed/tiny_bpe`` beside a ``testbed/`` folder).
+    Anything else of the form ``org/name`` is a Hub id. A local-looking path that does not exist
+    fails at config load instead of being tried on the Hub (retries, then a network error).
+    """
+    if name_or_path.startswith((".", "/", "~")) or "\\" in name_or_path or name_or_path.count("/") > 1:
+        return True
+    first = name_or_path.split("/", 1)[0]
+    return "/" in name_or_path and Path(first).is_dir()
 
 
 def _in_hub_cache(repo_id: str) -> bool:

@@ -22,6 +22,7 @@ from tracerl.envs.synthwiki import WorldConfig
 from tracerl.core.registry import Registry, RegistryError, is_import_path
 from tracerl.envs.environments import ENVIRONMENTS, load_tools
 from tracerl.envs.verifiers import VERIFIERS
+from tracerl.envs.health import MIN_REACHABILITY
 from tracerl.models.factory import BACKENDS, VLLM_MISSING, vllm_available, vllm_missing
 from tracerl.models.lora import PEFT_MISSING, peft_available
 from tracerl.testbed.tiny_config import DEFAULT_WORLD
@@ -36,6 +37,7 @@ from tracerl.config.executor import WorkerResources, check_rollout_executor, che
 from tracerl.config.presets import PRESETS, smoke_overlay
 from tracerl.config.trace_checks import check_trace_options
 from tracerl.config.data_source import DATA_PATHS, infer_data_source, synthwiki_ignores_paths
+from tracerl.config.model_format import default_format, sets_format
 
 
 
@@ -107,6 +109,12 @@ class DataConfig:
     max_failed_tool_steps: int = 3
     """Stop the run when one tool failed every call in this many consecutive steps in which it was
     called (counted per tool, see envs/health.py)."""
+    min_reachability: float = MIN_REACHABILITY
+    """``files`` source with the ``search`` environment: before the run starts, env-check's oracle
+    runs over the first 200 tasks of ``data.tasks`` and the run is refused when the share whose gold
+    answer it finds in what it read (``answer_reachability``) is below this: a task file over
+    another dataset's corpus. Skipped, with a note, when some of those tasks cite no supporting
+    documents (the oracle then has nothing to look up). 0 switches the check off."""
     isolate_tools: bool = True
     """Run the ``data.tools`` plug-ins in a worker process that is killed at ``data.tool_timeout_s``,
     so a tool hung while holding the GIL cannot stall the run. A call costs 0.05-0.08 ms, as much
@@ -137,6 +145,8 @@ class DataConfig:
                   max_failed_tool_steps=self.max_failed_tool_steps)
         _positive("data", max_line_bytes=self.max_line_bytes, max_question_chars=self.max_question_chars)
         check_finite("data", self)
+        if not 0.0 <= self.min_reachability <= 1.0:
+            raise ConfigError(f"data.min_reachability must be in [0, 1] (0: off), got {self.min_reachability}")
         if self.tool_timeout_s is not None and not self.tool_timeout_s > 0:
             raise ConfigError(f"data.tool_timeout_s must be > 0 seconds, or null for no limit; got {self.tool_timeout_s}")
         ignored = synthwiki_ignores_paths(self.source, {k: getattr(self, k) for k in DATA_PATHS})
@@ -194,13 +204,17 @@ class ModelConfig:
 
     name_or_path: str = "tiny"
     """``tiny`` (the embedded base model, pretrained once and cached), ``random-tiny`` (randomly
-    initialised, for ``--smoke-random`` runs) or a Hugging Face folder/name."""
+    initialised, for ``--smoke-random`` runs) or a Hugging Face folder/name. A value starting with
+    ``.``, ``/`` or ``~``, or whose first component is a folder here (``testbed/tiny-bpe``), is a
+    local path and must exist (refused at load otherwise); other ``org/name`` values are Hub ids."""
     tiny_preset: str = "default"
     """Which embedded tiny-model preset ``tiny`` refers to."""
     format: str = "react"
     """Agent format: ``react`` (plain text, small models), ``chat`` (the tokenizer's chat template
     with tool calls; the built-in Qwen3 markup for tokenizers without one), ``search_r1``
-    (Search-R1's ``<search>``/``<information>``/``<answer>``) or a ``package.module:factory`` path."""
+    (Search-R1's ``<search>``/``<information>``/``<answer>``) or a ``package.module:factory`` path.
+    Left unset, a preset or config takes ``chat`` when the model's tokenizer has a chat template
+    and ``react`` otherwise (the embedded tiny models: ``react``); the console header says which."""
     system_prompt: str = ""
     """System text of the prompt (``chat``: its default asks for tool calls and an <answer>;
     ``search_r1``: replaces Search-R1's instruction)."""
@@ -422,6 +436,10 @@ class LogConfig:
 
     tensorboard: bool = False
     """Also write TensorBoard scalars (tags ``train/``, ``eval/``, ``time/``) and the hparams."""
+    plot: bool | None = None
+    """Write ``RUN_DIR/plot.png`` (``tracerl plot``'s six panels) when ``tracerl train`` or
+    ``trainer().run()`` ends; ``null``: on, except for the random tiny model (``--smoke-random``),
+    whose curves say nothing."""
     wandb: bool = False
     wandb_project: str = "tracerl"
     """W&B project of the run (``log.wandb=true``)."""
@@ -510,6 +528,8 @@ def resolve_config(
     for text in overrides or []:
         user = merge(user, parse_override(text))
     data = merge(data, infer_data_source(user))  # data paths without data.source mean files
+    if isinstance(data.get("model"), dict) and not sets_format(PRESETS[preset], smoke_overlay(smoke) or {}, user):
+        data["model"]["format"] = default_format(str(data["model"].get("name_or_path", "")))
     config = from_dict(TrainConfig, data)
     # Facts of this machine, checked where a run starts (and on resume: train/run.py), not in the
     # dataclass: a run's config.yaml must stay loadable elsewhere (eval, plot, a CPU-only machine).

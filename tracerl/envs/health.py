@@ -107,3 +107,31 @@ class ToolHealth:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.streaks = {str(k): int(v) for k, v in state.items()}
+
+
+# --- data health: can the tools reach the answers at all? ----------------------------------------
+
+MIN_REACHABILITY = 0.5
+"""Default floor on env-check's ``answer_reachability`` (``--min-reachability``, ``data.min_reachability``).
+
+A task file paired with its own corpus reaches most answers (converted HotpotQA and MuSiQue
+samples: 0.9 and above); a task file over another dataset's corpus reaches a few percent
+(HotpotQA over MuSiQue: 0.035). Half sits far from both."""
+
+
+class ReachabilityError(UserError):
+    """The oracle found the gold answer in too few tasks' evidence: the corpus does not hold it."""
+
+
+def check_reachability(reachability: float, minimum: float, tasks: int, where: str, switch: str) -> None:
+    """Raise :class:`ReachabilityError` (one line) when ``reachability < minimum``; ``minimum = 0`` is off.
+
+    ``tasks``: how many tasks the share was measured on; ``where``: the task and corpus files;
+    ``switch``: how the user lowers or disables the floor (a flag or a config field).
+    """
+    if not 0.0 <= minimum <= 1.0:
+        raise ValueError(f"the reachability floor must be in [0, 1] (0: off), got {minimum}")
+    if reachability < minimum:
+        raise ReachabilityError(
+            f"answer_reachability {reachability:.3f} is below {minimum:g} on {tasks} tasks ({switch}): the oracle "
+            f"found few gold answers in the documents the tasks cite, so this corpus does not fit them ({where})")

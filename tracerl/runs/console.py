@@ -1,13 +1,15 @@
-"""What ``tracerl train`` prints: a header, one progress line per step, a footer.
+"""What ``tracerl train`` (and ``trainer().run()``) prints: a header, one progress line per step, a footer.
 
 The progress line fits the terminal (``$COLUMNS``, else the terminal's width, else 100): step
 N/M, elapsed, ETA and the key metrics, which are dropped from the end, never cut mid-value,
-when the line would not fit. The full record is in ``metrics.jsonl``; the console is a glance.
+when the line would not fit. The header and footer break between their ``|``-separated parts
+to fit the same width. The full record is in ``metrics.jsonl``; the console is a glance.
 """
 
 from __future__ import annotations
 
 import shutil
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -53,17 +55,42 @@ def progress_line(record: dict[str, Any], total: int, elapsed: float, done: int,
     return line[:width]
 
 
-def header(config: Any, run_dir: Path, parameters: int, start_step: int) -> str:
-    """``train trace | model tiny (0.99M parameters) | run runs/x | device cpu | steps 0 -> 200``."""
+def fit(parts: list[str], width: int) -> str:
+    """``parts`` joined by `` | `` on as few lines as fit ``width``, broken only between parts
+    (a part wider than ``width`` alone is broken between words, never inside one)."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + 3 + len(part) <= width:
+            lines[-1] += " | " + part
+        else:
+            lines += textwrap.wrap(part, width, break_long_words=False, break_on_hyphens=False) or [part]
+    return "\n".join(lines)
+
+
+def header(config: Any, run_dir: Path, parameters: int, start_step: int, *, width: int = 100,
+           format_why: str = "") -> str:
+    """``train trace | model tiny (default), 0.99M parameters | format react (...) | run runs/x |
+    device cpu | steps 0 -> 200``, on as many lines of ``width`` as it needs (:func:`fit`).
+
+    ``format_why``: why the run uses its ``model.format`` (config/model_format.py); ``dist.nproc > 1``
+    adds the process count to the device."""
     model = config.model.name_or_path
     if model == "tiny":
         model = f"tiny ({config.model.tiny_preset})"
-    return (f"train {config.preset} | model {model}, {parameters / 1e6:.2f}M parameters | run {run_dir} | "
-            f"device {config.model.device} | steps {start_step} -> {config.steps}")
+    fmt = f"format {config.model.format}" + (f" ({format_why})" if format_why else "")
+    device = f"device {config.model.device}"
+    nproc = getattr(getattr(config, "dist", None), "nproc", 1)
+    if nproc > 1:
+        device += f", {nproc} processes (FSDP2)"
+    parts = [f"train {config.preset}", f"model {model}, {parameters / 1e6:.2f}M parameters", fmt, f"run {run_dir}",
+             device, f"steps {start_step} -> {config.steps}"]
+    return fit(parts, width)
 
 
-def footer(records: list[dict[str, Any]], checkpoint: Path | None) -> str:
-    """The last evaluation of this process's records and the checkpoint to resume or evaluate."""
+def footer(records: list[dict[str, Any]], checkpoint: Path | None, *, width: int = 100,
+           plot: Path | None = None) -> str:
+    """The last evaluation of this process's records, the checkpoint to resume or evaluate and the
+    run's plot, on as many lines of ``width`` as it needs (:func:`fit`)."""
     evals = [r for r in records if r.get("eval_accuracy") is not None]
     if evals:
         last = evals[-1]
@@ -73,4 +100,4 @@ def footer(records: list[dict[str, Any]], checkpoint: Path | None) -> str:
     else:
         evaluation = "no evaluation ran"
     where = f"checkpoint {checkpoint}" if checkpoint is not None else "no checkpoint written"
-    return f"{evaluation} | {where}"
+    return fit([evaluation, where] + ([f"plot {plot}"] if plot is not None else []), width)

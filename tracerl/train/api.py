@@ -2,8 +2,10 @@
 
     from tracerl.train import read_metrics, trainer
     with trainer("grpo", "runs/py", overrides=["steps=3"], reward=my_reward, tools=[my_tool]) as run:
-        run.run()
+        run.run()  # prints the console's header, progress lines and footer (quiet=True: none)
     read_metrics("runs/py")
+
+Running it again is refused in one line naming ``resume=True`` and ``overwrite=True``.
 
 A callable is recorded in the run's ``config.yaml`` by its import path (``module:function``),
 the form ``data.verifier`` and ``data.tools`` take on the command line, so a function must be
@@ -13,16 +15,22 @@ from the command line needs the function importable under that path).
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tracerl.config.loading import MAX_CONFIG_BYTES, parse_yaml, to_dict
+from tracerl.config.schema import TrainConfig
 from tracerl.core.registry import RegistryError, resolve_import_path
+from tracerl.envs.bounded import read_limited
 from tracerl.errors import UserError
+from tracerl.runs.checkpoint import latest_checkpoint
+from tracerl.runs.folder import LOCK_FILE, RunFolderError, RunLock, check_run_folder, run_entries, run_state
 from tracerl.train.loop import Trainer
 from tracerl.train.preflight import checked_config
-from tracerl.runs.folder import refuse_if_state
+from tracerl.train.run import console_run
 from tracerl.train.smoke import pretrain_if_used
 
 
@@ -41,16 +49,24 @@ def import_path(fn: Callable[..., Any], what: str) -> str:
 
 def trainer(preset: str = "grpo", out: str | Path = "runs/python", *, overrides: Sequence[str] = (),
             reward: Callable[..., float] | str | None = None, tools: Sequence[Callable[..., str] | str] = (),
-            steps: int | None = None, smoke: bool | str = False, config_file: str | Path | None = None) -> Trainer:
-    """A :class:`~tracerl.train.loop.Trainer` for a fresh run in ``out``, checked as ``tracerl train`` checks.
+            steps: int | None = None, smoke: bool | str = False, config_file: str | Path | None = None,
+            resume: bool = False, overwrite: bool = False, quiet: bool = False) -> Trainer:
+    """A :class:`~tracerl.train.loop.Trainer` for a run in ``out``, checked as ``tracerl train`` checks.
 
     ``overrides``: ``"section.field=value"`` strings (``--set``); ``reward``: ``(answer: str, task: Task)
     -> float`` or a verifier name (``data.verifier``); ``tools``: typed functions (name, docstring and
     type hints become the schema) or import paths, added to the environment's tools (``data.tools``).
     ``smoke``: True (``--smoke``: the smoke-pretrained tiny model, react format, search/open only) or
     ``"random"`` (``--smoke-random``: a random tiny model whose vocabulary fits your tools and format).
-    Use it as a context manager (``with trainer(...) as run: run.run()``) so the folder's lock is released.
+    A folder that already holds a run is refused unless ``resume=True`` (continue it from its newest
+    checkpoint; the arguments must give the config it was started with, ``steps`` aside; an empty
+    folder starts fresh) or ``overwrite=True`` (remove tracerl's files there and start over).
+    ``run()`` prints the console's header, a progress line per step and the footer, as ``tracerl
+    train`` does, unless ``quiet``. Use it as a context manager (``with trainer(...) as run:
+    run.run()``) so the folder's lock is released.
     """
+    if resume and overwrite:
+        raise UserError("trainer(): give resume=True (continue the run in out) or overwrite=True (start over), not both")
     sets = list(overrides)
     if reward is not None:
         sets.append(f"data.verifier={reward if isinstance(reward, str) else import_path(reward, 'reward')}")
@@ -59,7 +75,87 @@ def trainer(preset: str = "grpo", out: str | Path = "runs/python", *, overrides:
         sets.append(f"data.tools=[{', '.join(paths)}]")
     if steps is not None:
         sets.append(f"steps={steps}")
+    run_dir = Path(out)
+    check_run_folder(run_dir)
     config, _ = checked_config(preset, config_file=config_file, overrides=sets, smoke=smoke)
-    refuse_if_state(Path(out))
+    continuing = resume and bool(run_state(run_dir))
+    if continuing:
+        check_same_config(config, run_dir)
+    elif overwrite:
+        clear_run_folder(run_dir)
+    elif run_state(run_dir):
+        raise RunFolderError(f"{run_dir} already holds run state ({', '.join(run_state(run_dir))}); continue it "
+                             "with trainer(..., resume=True), start over with overwrite=True, or choose another out")
     pretrain_if_used(smoke, config, sys.stderr.write)  # smoke=True: says so the first time, as --smoke does
-    return Trainer(config, Path(out))
+    return ConsoleTrainer(config, run_dir, resume=continuing, quiet=quiet)
+
+
+class ConsoleTrainer(Trainer):
+    """A :class:`~tracerl.train.loop.Trainer` whose :meth:`run` prints what ``tracerl train`` prints."""
+
+    def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False, quiet: bool = False) -> None:
+        self.quiet = quiet
+        super().__init__(config, run_dir, resume=resume)
+
+    def run(self, steps: int | None = None, *, deadline: float | None = None) -> list[dict[str, Any]]:
+        """:meth:`Trainer.run <tracerl.train.loop.Trainer.run>`, between the console's header and footer."""
+        train = super().run
+        if self.quiet:
+            return train(steps, deadline=deadline)
+        target = self.config.steps if steps is None else steps
+        return console_run(self, target, lambda: train(steps, deadline=deadline))
+
+
+def check_same_config(config: TrainConfig, run_dir: Path) -> None:
+    """``resume=True``: the arguments must give the config the run in ``run_dir`` was started with
+    (``steps`` and ``dist`` aside), compared as data: nothing the folder names is imported."""
+    folder = latest_checkpoint(run_dir)
+    source = (folder if folder is not None else run_dir) / "config.yaml"
+    if not source.is_file():
+        raise RunFolderError(f"{run_dir} has no checkpoint and no config.yaml: not a tracerl run folder")
+    saved = parse_yaml(read_limited(source, MAX_CONFIG_BYTES, "config file").decode("utf-8"), source)
+    given = to_dict(config)
+    for key in ("steps", "dist"):
+        saved.pop(key, None)
+        given.pop(key, None)
+    differs = _first_difference(saved, given)
+    if differs is not None:
+        name, was, now = differs
+        raise UserError(f"{run_dir} was started with {name} = {was!r} but this call gives {now!r}; resume with the "
+                        "same arguments, or start over with overwrite=True")
+    done = int(folder.name.removeprefix("ckpt-")) if folder is not None else 0
+    if config.steps <= done:
+        raise UserError(f"{run_dir} is already at step {done} and steps = {config.steps} asks for no more; pass "
+                        f"steps above {done} to continue it, or overwrite=True to start over")
+
+
+def _first_difference(saved: Any, given: Any, prefix: str = "") -> tuple[str, Any, Any] | None:
+    """The first dotted field whose value differs between two config dicts (None: the same)."""
+    if isinstance(saved, dict) and isinstance(given, dict):
+        for key in [*given, *(k for k in saved if k not in given)]:
+            found = _first_difference(saved.get(key), given.get(key), f"{prefix}{key}.")
+            if found is not None:
+                return found
+        return None
+    if isinstance(saved, (list, tuple)) and isinstance(given, (list, tuple)):
+        saved, given = list(saved), list(given)
+    return None if saved == given else (prefix.rstrip("."), saved, given)
+
+
+def clear_run_folder(run_dir: Path) -> None:
+    """``overwrite=True``: remove tracerl's entries of ``run_dir`` (its lock held meanwhile, so a
+    run in progress is never cleared); files of the user's own there stay."""
+    if not run_dir.is_dir():
+        return
+    lock = RunLock(run_dir)  # fails in one line when another process holds the folder
+    try:
+        for entry in run_entries(run_dir):
+            if entry.name == LOCK_FILE:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        (run_dir / "plot.png").unlink(missing_ok=True)
+    finally:
+        lock.release()

@@ -1,7 +1,8 @@
-"""Starting and resuming runs from the command line, with a progress display."""
+"""Starting and resuming runs from the command line, with a progress display (``trainer().run()`` shows it too)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from tracerl.runs.checkpoint import latest_checkpoint
 from tracerl.config.checks import check_device
 from tracerl.config.schema import TrainConfig, resolve_config
 from tracerl.config.dist import check_dist
+from tracerl.config.model_format import format_reason
 from tracerl.train.loop import Trainer
 from tracerl.runs.console import footer, header, progress_line, terminal_width
 from tracerl.runs.run_config import read_run_config
@@ -108,16 +110,57 @@ def _stderr(line: str) -> None:
 def _run(trainer: Trainer, steps: int) -> list[dict[str, Any]]:
     """Train to ``steps`` between a header and a footer, one progress line per step (runs/console.py)."""
     with trainer:  # releases the run folder's lock however the run ends
-        parameters = sum(p.numel() for p in trainer.model.parameters())
-        print(header(trainer.config, trainer.run_dir, parameters, trainer.step_index), flush=True)
-        start, first = time.perf_counter(), trainer.step_index
-        width = terminal_width()
+        return console_run(trainer, steps, lambda: trainer.run(steps))
 
-        def show(record: dict[str, Any]) -> None:
-            done = int(record["step"]) - first
-            print(progress_line(record, steps, time.perf_counter() - start, done, width), flush=True)
 
-        trainer.echo = show
-        records = trainer.run(steps)
-        print(footer(records, latest_checkpoint(trainer.run_dir)), flush=True)
-        return records
+def console_run(trainer: Trainer, steps: int, train: Callable[[], list[dict[str, Any]]],
+                write: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """``train()`` between the console's header and footer, with one progress line per record.
+
+    ``trainer.echo`` shows each record while ``train`` runs (restored after); the run's plot
+    (``log.plot``) is written before the footer, which names it. ``write`` takes one line (default:
+    stdout, flushed): ``tracerl train`` and ``trainer().run()`` print the same lines.
+    """
+    write = write or _stdout
+    width = terminal_width()
+    parameters = sum(p.numel() for p in trainer.model.parameters())
+    model = trainer.config.model
+    write(header(trainer.config, trainer.run_dir, parameters, trainer.step_index, width=width,
+                 format_why=format_reason(model.format, model.name_or_path)))
+    start, first, echo = time.perf_counter(), trainer.step_index, trainer.echo
+
+    def show(record: dict[str, Any]) -> None:
+        done = int(record["step"]) - first
+        write(progress_line(record, steps, time.perf_counter() - start, done, width))
+
+    trainer.echo = show
+    try:
+        records = train()
+    finally:
+        trainer.echo = echo
+    plot = write_plot(trainer) if records else None
+    write(footer(records, latest_checkpoint(trainer.run_dir), width=width, plot=plot))
+    return records
+
+
+def plots(config: TrainConfig) -> bool:
+    """``log.plot``: on unless false, or null with the random tiny model (its curves say nothing)."""
+    wanted = config.log.plot
+    return wanted if wanted is not None else config.model.name_or_path != "random-tiny"
+
+
+def write_plot(trainer: Trainer) -> Path | None:
+    """``RUN_DIR/plot.png`` from the run's ``metrics.jsonl`` when :func:`plots`; returns its path."""
+    if not plots(trainer.config):
+        return None
+    from tracerl.view.plot import plot_runs  # matplotlib: imported only when a plot is drawn
+
+    target = trainer.run_dir / "plot.png"
+    tmp = trainer.run_dir / f".plot.{os.getpid()}.png"  # drawn aside, then renamed: a link named plot.png
+    plot_runs([trainer.run_dir], tmp)  # is replaced, never written through
+    os.replace(tmp, target)
+    return target
+
+
+def _stdout(line: str) -> None:
+    print(line, flush=True)
