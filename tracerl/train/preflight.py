@@ -65,15 +65,16 @@ def check_tiny_coverage(config: TrainConfig, tasks: list[Task], documents: list[
 
 
 def tiny_tokenizer(preset: str) -> Any:
-    """The tokenizer of the embedded tiny preset: from its cached folder, else built as pretraining builds it."""
+    """The tokenizer of the embedded tiny preset: the shipped (or cached) model's, else built as
+    pretraining builds it."""
     from transformers import AutoTokenizer
 
-    from tracerl.testbed.tiny import default_cache_dir, tokenizer_for_world
+    from tracerl.testbed.tiny import existing_folder, tokenizer_for_world
     from tracerl.testbed.tiny_config import get_preset
 
-    cached = default_cache_dir() / get_preset(preset).hash()
-    if (cached / "tiny_config.json").exists():
-        return AutoTokenizer.from_pretrained(str(cached))
+    folder = existing_folder(get_preset(preset))
+    if folder is not None:
+        return AutoTokenizer.from_pretrained(str(folder))
     return tokenizer_for_world(get_preset(preset).world)
 
 
