@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -115,6 +116,64 @@ def check_update(device: str, small: bool) -> dict[str, Any]:
     return {"trajectories": n, "tokens_per_trajectory": length, "seconds": round(seconds, 3),
             "loss": metrics["loss"], "params_changed": bool(moved), "peak_memory_gb": _peak(device),
             "ok": bool(moved and metrics.get("nonfinite_skipped", 0.0) == 0.0)}
+
+
+def tree_batch(vocab: int, trees: int, length: int) -> tuple[list[Trajectory], list[torch.Tensor]]:
+    """``trees`` trees of four two-turn leaves of ``length`` tokens: a prompt and first turn of a
+    quarter each shared by the tree, two second turns (a quarter), each under two last answers."""
+    g = torch.Generator().manual_seed(1)
+    ids = lambda n: torch.randint(3, vocab, (n,), generator=g).tolist()  # noqa: E731
+    quarter = length // 4
+
+    def turn(n: int, observed: int) -> Turn:
+        return Turn(assistant_ids=ids(n), observation_ids=ids(observed), text="",
+                    action=Action(kind="tool", name="search"), logprobs=[-5.0] * n)
+
+    trajs, advs = [], []
+    for t in range(trees):
+        prompt, first = ids(quarter), turn(quarter // 2, quarter // 2)
+        for second in (turn(quarter // 2, quarter // 2), turn(quarter // 2, quarter // 2)):
+            for k in range(2):
+                leaf = Trajectory(task_id=f"t{t}", group_id=f"t{t}", prompt_ids=prompt,
+                                  turns=[first, second, turn(length - 3 * quarter, 0)])
+                trajs.append(leaf)
+                advs.append(torch.tensor(leaf.sampled, dtype=torch.float32) * (1.0 if k else -1.0))
+    return trajs, advs
+
+
+def check_packed_update(device: str, small: bool) -> dict[str, Any]:
+    """The tree-packed update against every leaf apart, same model, same trees (4 trees x 4 leaves
+    of 1,024 tokens, micro-batches of 8, bf16 compute): seconds, peak memory, tokens forwarded, and
+    the gradients' relative gap (bf16 kernels differ in rounding, so the bound is loose)."""
+    base = _model(device, small, torch.float32)
+    vocab, (trees, length) = base.config.vocab_size, ((2, 128) if small else (4, 1024))
+    trajs, advs = tree_batch(vocab, trees, length)
+    out: dict[str, Any] = {"trees": trees, "leaves": len(trajs), "tokens_per_leaf": length}
+    grads = {}
+    for packing in ("never", "always"):
+        model = base if packing == "always" else copy.deepcopy(base)
+        settings = UpdateSettings(micro_batch_size=8, temperature=1.0, clip_low=0.2, clip_high=0.28, kl_coef=0.0,
+                                  loss_agg="token-mean", grad_clip=1e9, dtype="float32" if small else "bfloat16",
+                                  tree_packing=packing)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        _peak(device)
+        _sync(device)
+        start = time.perf_counter()
+        metrics = policy_update(model, optimizer, trajs, advs, settings, pad_id=0)
+        _sync(device)
+        out[packing] = {"seconds": round(time.perf_counter() - start, 3), "peak_memory_gb": _peak(device),
+                        "update_forward_tokens": metrics["update_forward_tokens"],
+                        "unique_trained_tokens": metrics["unique_trained_tokens"], "loss": metrics["loss"]}
+        grads[packing] = [p.grad.float() for p in model.parameters() if p.grad is not None]
+        if packing == "never":
+            del model
+    total = torch.sqrt(sum((g.double() ** 2).sum() for g in grads["never"]))
+    gap = torch.sqrt(sum(((a - b).double() ** 2).sum() for a, b in zip(grads["never"], grads["always"], strict=True)))
+    out["gradient_relative_gap"] = float(gap / total)
+    out["update_never_over_always"] = round(out["never"]["seconds"] / max(out["always"]["seconds"], 1e-9), 3)
+    out["ok"] = bool(out["gradient_relative_gap"] < (1e-4 if small else 5e-2)
+                     and out["always"]["update_forward_tokens"] < out["never"]["update_forward_tokens"])
+    return out
 
 
 class _NumberTokenizer:

@@ -60,7 +60,7 @@ def advantages(trajs: list[Trajectory], signal: tuple[int, ...] | None) -> list[
     return out
 
 
-def settings(kl_coef: float, micro: int = 2, packing: str = "off") -> UpdateSettings:
+def settings(kl_coef: float, micro: int = 2, packing: str = "never") -> UpdateSettings:
     return UpdateSettings(micro_batch_size=micro, temperature=1.0, clip_low=0.2, clip_high=0.28, kl_coef=kl_coef,
                           loss_agg="token-mean", grad_clip=0.5, tree_packing=packing)
 

@@ -23,11 +23,11 @@ from tracerl.distributed.fsdp import full_state_dict, init_distributed, scatter_
 torch.set_num_threads(1)
 
 
-def _step(model, opt, reference, case: str, recompute: bool = False, packing: str = "off") -> dict[str, float]:
+def _step(model, opt, reference, case: str, recompute: bool = False, packing: str = "never") -> dict[str, float]:
     tied, kl, signal = CASES[case]
     world, rank = dist.get_world_size(), dist.get_rank()
     base = tiny_policy(tied)  # the inputs are built from the initial weights on every rank alike
-    trajs = trajectories(base, tree=packing != "off")
+    trajs = trajectories(base, tree=packing != "never")
     plan = settings(kl, packing=packing)
     shares = plan_update(trajs, advantages(trajs, signal), plan, reference is not None, world) \
         if rank == 0 else None
@@ -60,7 +60,7 @@ def update(out: Path, mesh) -> None:
     model, opt, reference = _sharded("tied_kl", mesh)
     _dump(out, "recompute", model, _step(model, opt, reference, "tied_kl", recompute=True))
     model, opt, reference = _sharded("tied_kl", mesh)
-    _dump(out, "packed", model, _step(model, opt, reference, "tied_kl", recompute=True, packing="on"))
+    _dump(out, "packed", model, _step(model, opt, reference, "tied_kl", recompute=True, packing="always"))
     _nonfinite(out, mesh)
 
 

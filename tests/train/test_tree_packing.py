@@ -42,6 +42,15 @@ def test_equal_and_prefix_sequences_reuse_slots_and_distinct_prompts_get_rows() 
     assert packed.tokens == 5
 
 
+def test_a_row_stops_growing_before_its_attention_outgrows_the_leaves() -> None:
+    # [1 2 3 4] + [1 5 6 7] would be a 7-token row: 49 scores > 16 + 16 apart, so each gets its own
+    # row; [1 2 3 4] + [1 2 3 5] makes 5 tokens: 25 <= 32, one row.
+    apart = pack_trees([[1, 2, 3, 4], [1, 5, 6, 7]], [[True] * 4] * 2, pad_id=0)
+    assert apart.input_ids.tolist() == [[1, 2, 3, 4], [1, 5, 6, 7]]
+    together = pack_trees([[1, 2, 3, 4], [1, 2, 3, 5]], [[True] * 4] * 2, pad_id=0)
+    assert together.input_ids.tolist() == [[1, 2, 3, 4, 5]]
+
+
 def _model() -> torch.nn.Module:
     config = Qwen3Config(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                          num_key_value_heads=1, head_dim=8, intermediate_size=32)
@@ -107,8 +116,8 @@ def test_packed_update_has_the_per_leaf_gradients_on_real_trees(preset: str, tmp
     assert shared < sum(len(t.token_ids) for t, _ in pairs)  # the leaves do share tokens
     for loss in ("ppo", "gspo"):
         for kl in (0.0, 0.05):
-            apart = _gradients(model, pairs, "off", loss, kl, reference)
-            packed = _gradients(model, pairs, "on", loss, kl, reference)
+            apart = _gradients(model, pairs, "never", loss, kl, reference)
+            packed = _gradients(model, pairs, "always", loss, kl, reference)
             total = torch.sqrt(sum((a.double() ** 2).sum() for a in apart))
             gap = torch.sqrt(sum(((a - b).double() ** 2).sum() for a, b in zip(apart, packed, strict=True)))
             assert total > 0
@@ -118,16 +127,16 @@ def test_packed_update_has_the_per_leaf_gradients_on_real_trees(preset: str, tmp
 def test_auto_packs_branching_schemes_and_on_needs_a_tree_mask() -> None:
     assert resolve_tree_packing("auto", "trace") == "auto"
     assert resolve_tree_packing("auto", "tree_random") == "auto"
-    assert resolve_tree_packing("auto", "chain") == "off"
-    assert resolve_tree_packing("on", "chain") == "on"
-    assert update_settings(resolve_config("grpo", smoke="random", overrides=TINY)).tree_packing == "off"
+    assert resolve_tree_packing("auto", "chain") == "never"
+    assert resolve_tree_packing("always", "chain") == "always"
+    assert update_settings(resolve_config("grpo", smoke="random", overrides=TINY)).tree_packing == "never"
     with pytest.raises(ConfigError, match="optim.tree_packing"):
-        resolve_config("trace", smoke="random", overrides=[*TINY, "optim.tree_packing=yes"])
+        resolve_config("trace", smoke="random", overrides=[*TINY, "optim.tree_packing=packed"])
     model = _model()
     model.config._attn_implementation = "flash_attention_2"  # as loaded with flash-attention: no 4D masks
     leaves = _tree(3)
     settings = UpdateSettings(micro_batch_size=4, temperature=1.0, clip_low=0.2, clip_high=0.28, kl_coef=0.0,
-                              loss_agg="token-mean", grad_clip=1.0, tree_packing="on")
+                              loss_agg="token-mean", grad_clip=1.0, tree_packing="always")
     advantages = [torch.tensor(t.sampled, dtype=torch.float32) for t in leaves]
-    with pytest.raises(ValueError, match="optim.tree_packing = 'on' needs an attention implementation"):
+    with pytest.raises(ValueError, match="optim.tree_packing = 'always' needs an attention implementation"):
         policy_update(model, torch.optim.SGD(model.parameters(), lr=0.1), leaves, advantages, settings, pad_id=0)

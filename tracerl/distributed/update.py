@@ -69,7 +69,7 @@ def plan_update(trajectories: Sequence[Trajectory], advantages: Sequence[Tensor]
     masks = [torch.tensor(t.sampled, dtype=torch.bool) for t in trajectories]
     normaliser = loss_normaliser(masks, settings.loss_agg, norm_length=max(len(m) for m in masks))
     keep = [(with_kl and settings.kl_coef > 0) or carries_signal(a) for a in advantages]
-    keys = [t.token_ids if settings.tree_packing != "off" else len(t.token_ids) for t in trajectories]
+    keys = [t.token_ids if settings.tree_packing != "never" else len(t.token_ids) for t in trajectories]
     chunks = micro_batch_rows(keys, keep, settings.micro_batch_size)
     plan = deal_rounds(chunks, world)
     rows = list(zip(trajectories, advantages, strict=True))

@@ -92,9 +92,13 @@ def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     return n
 
 
-def _pack(kept: Sequence[tuple[int, ...]], row_cap: int) -> tuple[list[Row], list[tuple[int, list[int]]]]:
+def _pack(kept: Sequence[tuple[int, ...]], row_cap: int,
+          quadratic: bool = False) -> tuple[list[Row], list[tuple[int, list[int]]]]:
     """Pack sorted maximal sequences into trie rows of at most ``row_cap`` tokens (a longer
     sequence gets a row of its own). Returns the rows and, per sequence, (row, slot per token).
+    ``quadratic``: a row also stops growing once its length squared would pass the sum of its
+    members' squared lengths, so a row's dense attention never costs more than its sequences'
+    own (a whole batch's trees in one row would, though it forwards fewer tokens).
 
     In sorted order a sequence shares its longest prefix with its predecessor, so appending its
     new tokens after the row's last token keeps the row in depth-first order."""
@@ -102,11 +106,14 @@ def _pack(kept: Sequence[tuple[int, ...]], row_cap: int) -> tuple[list[Row], lis
     placed: list[tuple[int, list[int]]] = []
     prev: tuple[int, ...] = ()
     prev_slots: list[int] = []
+    squares = 0  # sum of the current row's members' squared lengths
     for seq in kept:
         shared = _common(prev, seq)
-        if not rows or shared == 0 or len(rows[-1].tokens) + len(seq) - shared > row_cap:
+        grown = len(rows[-1].tokens) + len(seq) - shared if rows else 0
+        if not rows or shared == 0 or grown > row_cap or (quadratic and grown**2 > squares + len(seq) ** 2):
             rows.append(Row())
-            shared = 0
+            shared, squares = 0, 0
+        squares += len(seq) ** 2
         row, base = rows[-1], len(rows[-1].tokens)
         slots = prev_slots[:shared] + list(range(base, base + len(seq) - shared))
         row.tokens += seq[shared:]
@@ -120,16 +127,17 @@ def _pack(kept: Sequence[tuple[int, ...]], row_cap: int) -> tuple[list[Row], lis
     return rows, placed
 
 
-def trie_rows(seqs: Sequence[Sequence[int]], row_cap: int) -> tuple[list[Row], list[tuple[int, list[int]]]]:
+def trie_rows(seqs: Sequence[Sequence[int]], row_cap: int,
+              quadratic: bool = False) -> tuple[list[Row], list[tuple[int, list[int]]]]:
     """Token sequences packed as trie rows (each shared prefix once, depth-first, at most
-    ``row_cap`` tokens a row unless one sequence is longer), and per input sequence its
-    ``(row, slot of each token)``. Equal sequences, and a sequence that is a prefix of another,
-    share the other's slots. The tree-packed update and the batched scorer lay out trees this way."""
+    ``row_cap`` tokens a row unless one sequence is longer; ``quadratic``: see :func:`_pack`), and
+    per input sequence its ``(row, slot of each token)``. Equal sequences, and a sequence that is a
+    prefix of another, share the other's slots. The tree-packed update lays out trees this way."""
     if row_cap < 1:
         raise ValueError(f"row_cap must be >= 1, got {row_cap}")
     as_tuples = [tuple(s) for s in seqs]
     kept, cover = _maximal(as_tuples)
-    rows, placed = _pack(kept, row_cap)
+    rows, placed = _pack(kept, row_cap, quadratic)
     return rows, [(placed[cover[s]][0], placed[cover[s]][1][: len(s)]) for s in as_tuples]
 
 

@@ -15,6 +15,11 @@ aggregation and its normaliser) is unchanged; autograd sums the leaves' gradient
 node's one log-prob, which is the sum of the per-leaf gradients. Equal up to float rounding
 (the attention sums run in another order).
 
+Cost: a row's attention is dense (P x P scores, masked), so a row stops growing once P squared
+would pass the sum of its sequences' squared lengths: attention never costs more than training
+the leaves apart, and every other layer runs on the distinct tokens only. Trees that share
+little (chains of one prompt) gain little.
+
 Only nodes the loss reads go through the LM head: a token that some leaf trains (sampled).
 Needs an attention implementation that takes custom 4D masks (``sdpa``, ``eager``).
 """
@@ -68,7 +73,7 @@ def pack_trees(sequences: Sequence[Sequence[int]], trained: Sequence[Sequence[bo
     if not sequences:
         raise ValueError("pack_trees needs at least one sequence")
     longest = max(len(s) for s in sequences)
-    rows, placed = trie_rows(sequences, max(row_cap, longest))
+    rows, placed = trie_rows(sequences, max(row_cap, longest), quadratic=True)
     width = max(len(r.tokens) for r in rows)
     size = (len(rows), width)
     ids = torch.full(size, pad_id, dtype=torch.long)

@@ -146,9 +146,9 @@ class UpdateSettings:
     logprob_chunk: int = LOGPROB_CHUNK
     policy_loss: str = "ppo"
     """A name in :data:`~tracerl.core.losses.POLICY_LOSSES`; ``clip_low``/``clip_high`` are its clip range."""
-    tree_packing: str = "off"
-    """``on``: each micro-batch's trees forward once, packed (:mod:`tracerl.train.packing`); ``auto``:
-    packed when the model's attention takes a tree mask; ``off``: every sequence on its own."""
+    tree_packing: str = "never"
+    """``always``: each micro-batch's trees forward once, packed (:mod:`tracerl.train.packing`);
+    ``auto``: packed when the model's attention takes a tree mask; ``never``: every sequence alone."""
 
 
 TREE_PACKING_OFF_SCHEMES = ("chain", "dapo")
@@ -157,20 +157,20 @@ leaves them unpacked."""
 
 
 def resolve_tree_packing(setting: str, scheme: str) -> str:
-    """``optim.tree_packing`` for ``rollout.scheme``: ``auto`` is ``off`` for chain schemes."""
-    return "off" if setting == "auto" and scheme in TREE_PACKING_OFF_SCHEMES else setting
+    """``optim.tree_packing`` for ``rollout.scheme``: ``auto`` is ``never`` for chain schemes."""
+    return "never" if setting == "auto" and scheme in TREE_PACKING_OFF_SCHEMES else setting
 
 
 def uses_packing(model: Any, settings: UpdateSettings) -> bool:
-    """Whether this update packs trees; ``on`` with an attention that ignores 4D masks is an error."""
-    if settings.tree_packing == "off":
+    """Whether this update packs trees; ``always`` with an attention that ignores 4D masks is an error."""
+    if settings.tree_packing == "never":
         return False
     if packable(model):
         return True
-    if settings.tree_packing == "on":
+    if settings.tree_packing == "always":
         impl = getattr(model.config, "_attn_implementation", None)
-        raise ValueError(f"optim.tree_packing = 'on' needs an attention implementation that takes a custom 4D mask "
-                         f"(sdpa or eager), the model uses {impl!r}; set optim.tree_packing = 'auto' or 'off'")
+        raise ValueError(f"optim.tree_packing = 'always' needs an attention implementation that takes a custom 4D "
+                         f"mask (sdpa or eager), the model uses {impl!r}; set optim.tree_packing = 'auto' or 'never'")
     return False
 
 
