@@ -248,3 +248,19 @@ def test_header_and_footer_fit_without_breaking_words(width: int) -> None:
 def test_fit_breaks_between_parts() -> None:
     assert fit(["aaaa", "bbbb", "cc"], 11) == "aaaa | bbbb\ncc"
     assert fit(["one two three"], 7) == "one two\nthree"  # a part wider than the line: between its words
+
+
+def test_nproc_sets_omp_threads_for_torchrun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun prints a multi-line OMP_NUM_THREADS banner unless the variable is set: it is, to
+    torchrun's own default, before the launch (our launcher is replaced; torchrun itself is not run)."""
+    import os
+
+    from tracerl.distributed import launch
+
+    seen: list[str | None] = []
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(launch, "check_launch", lambda *args, **kwargs: None)
+    monkeypatch.setattr(launch, "relaunch", lambda nproc, argv: seen.append(os.environ.get("OMP_NUM_THREADS")) or 0)
+    result = invoke("train", "grpo", "--smoke-random", "--nproc", "2", "--out", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    assert seen == ["1"]

@@ -92,7 +92,7 @@ def _model_folder(path: Path) -> Path:
 def test_initial_references_an_on_disk_base_model_and_resume_checks_it(tmp_path: Path) -> None:
     base = _model_folder(tmp_path / "base")
     run = tmp_path / "run"
-    config = cheap("steps=1", f"model.name_or_path={base}", "rollout.scheme=chain", "algo.estimator=grpo",
+    config = cheap("steps=1", f"model.name_or_path={base}", "model.format=react", "rollout.scheme=chain", "algo.estimator=grpo",
                    "algo.credit=false", "rollout.budget=8", "rollout.schemes.group_size=4")
     with Trainer(config, run) as trainer:
         trainer.run()
