@@ -11,6 +11,15 @@ micro-batches, scattering the shares and gathering the new weights into rank 0's
 
 On a 2-core CPU machine two processes share the cores the one process had, so a slowdown is
 expected; what carries over to GPUs is the share of the step each phase takes.
+
+The rollout-worker half (benchmarks/scaling_sync.py; Ray: run it with .venv-dist): weight sync to
+2 Ray workers as a float32 and as a bf16 policy (``sync_bytes``, bytes per parameter, seconds per
+GB, the driver's peak memory above its level before the sync) and the placement imbalance
+(busiest worker / mean) of 8 workers for 16 and 64 prompts, hash against least-loaded.
+
+    MALLOC_MMAP_THRESHOLD_=131072 python benchmarks/scaling.py --parts sync placement   # ~2 min; keeps the nproc runs
+
+(the fixed malloc threshold makes glibc return freed large blocks, so the heap peak is the sync's own)
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from common import RESULTS, fresh_dir, machine, mean, write_json
+from scaling_sync import placement, weight_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ["grpo", "--smoke-random", "--set", "model.name_or_path=tiny", "--set", "model.tiny_preset=smoke",
@@ -59,17 +69,37 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--out", default=str(RESULTS / "scaling.json"))
+    parser.add_argument("--parts", nargs="+", choices=["nproc", "sync", "placement"],
+                        default=["nproc", "sync", "placement"], help="what to measure (the file keeps the rest)")
     args = parser.parse_args()
-    work = fresh_dir(Path(os.environ.get("TMPDIR", "/tmp")) / "tracerl-scaling")
-    runs = [run_once(n, args.steps, work) for n in args.nproc]
-    base = runs[0]["step_seconds"]
-    for r in runs:
-        r["step_time_over_first"] = (r["step_seconds"] / base) if base else None
-    write_json(Path(args.out), {"machine": machine(), "setting": "grpo --smoke, tiny smoke model, gloo on CPU",
-                                "steps": args.steps, "runs": runs})
-    for r in runs:
-        print(f"nproc {r['nproc']}: step {r['step_seconds']:.3f} s, update {r['update_seconds']:.3f} s "
-              f"({100 * r['update_share']:.0f}%), x{r['step_time_over_first']:.2f}")
+    out = Path(args.out)
+    report: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
+    report["machine"] = machine()
+    if "nproc" in args.parts:
+        work = fresh_dir(Path(os.environ.get("TMPDIR", "/tmp")) / "tracerl-scaling")
+        runs = [run_once(n, args.steps, work) for n in args.nproc]
+        base = runs[0]["step_seconds"]
+        for r in runs:
+            r["step_time_over_first"] = (r["step_seconds"] / base) if base else None
+        report.update({"setting": "grpo --smoke, tiny smoke model, gloo on CPU", "steps": args.steps, "runs": runs})
+        for r in runs:
+            print(f"nproc {r['nproc']}: step {r['step_seconds']:.3f} s, update {r['update_seconds']:.3f} s "
+                  f"({100 * r['update_share']:.0f}%), x{r['step_time_over_first']:.2f}")
+    if "placement" in args.parts:
+        report["placement"] = placement()
+        for key, row in report["placement"].items():
+            if isinstance(row, dict):
+                print(f"placement {key}: busiest/mean hash {row['hash_mean']:.2f} (max {row['hash_max']:.2f}), "
+                      f"least-loaded {row['balanced_mean']:.2f} (max {row['balanced_max']:.2f})")
+    if "sync" in args.parts:
+        report["weight_sync"] = sync = weight_sync()
+        for name in ("float32", "bfloat16", "bfloat16_one_bucket"):
+            row = sync[name]
+            print(f"sync {name}: {row['sync_bytes'] / 1e6:.1f} MB ({row['bytes_per_parameter']:.0f} B/param), "
+                  f"{row['seconds']:.2f} s, {row['s_per_gb']:.2f} s/GB, driver peak heap +"
+                  f"{row['driver_heap_peak_above_before_bytes'] / 1e6:.0f} MB, shared memory +"
+                  f"{row['driver_shmem_peak_above_before_bytes'] / 1e6:.0f} MB")
+    write_json(out, report)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ no model code on the driver (the actors import it).
   float32 master weights travel as 2 bytes per parameter) through ``rollout.weight_sync``
   (:mod:`tracerl.rollout.weight_sync`), streamed: each bucket is built (gathered and cast), put
   once in the object store (one copy per node) and loaded by every worker before the bucket after
-  next is built, so the driver holds at most two buckets. A replacement worker is streamed the
+  next is built, so the driver builds one bucket at a time and the object store holds two. A replacement worker is streamed the
   same weights from the same source. The backends clear their prefix caches on every sync.
 
 :meth:`RayExecutor.take_metrics` gives the step's ``time_sync_weights``, ``sync_bytes``, ``sync_s_per_gb``,
@@ -246,14 +246,15 @@ class RayExecutor:
         sent = 0
         for bucket in self._buckets():
             payload = ray.put(pack([bucket], self.weight_sync))  # one copy in this node's object store
-            window.append((bucket, {w: self.actors[w].load.remote(payload, self.weight_sync)
-                                    for w in workers if w not in failed}))
+            keep = bucket if self.weight_sync == "cuda_ipc" else None  # handles: the tensors must outlive the loads
+            window.append((keep, {w: self.actors[w].load.remote(payload, self.weight_sync)
+                                  for w in workers if w not in failed}))
             if self.weight_sync == "nccl":
                 from tracerl.rollout.weight_sync import broadcast
 
                 broadcast([bucket])
             sent += bucket_bytes([bucket])
-            del bucket, payload
+            del bucket, keep, payload  # object_store: the object store's copy is all that stays
             if len(window) > 1:
                 self._wait(window.popleft()[1], failed)
         while window:
