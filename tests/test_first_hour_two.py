@@ -147,8 +147,8 @@ def test_own_data_the_tiny_model_cannot_read_is_refused_before_pretraining(tmp_p
                     for i in range(4))
     tasks_path, corpus = data_pair(tmp_path, ELSEWHERE, tasks)
     sets = [f"data.tasks={tasks_path}", f"data.corpus={corpus}", "model.tiny_preset=smoke"]
-    with pytest.raises(UserError, match=r"^model.name_or_path = 'tiny' .* cannot read this data, and nothing was "
-                                        r"pretrained: the tokenizer cannot encode 4 of 4 sampled gold answers"):
+    with pytest.raises(UserError, match=r"^model.name_or_path = 'tiny' .* cannot read this data \(nothing was "
+                                        r"pretrained\); set model.name_or_path .* cannot encode 4 of 4 sampled gold"):
         checked_config("grpo", overrides=sets)
 
 

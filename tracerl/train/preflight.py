@@ -60,8 +60,10 @@ def check_tiny_coverage(config: TrainConfig, tasks: list[Task], documents: list[
     try:
         check_tokenizer_coverage(tiny_tokenizer(config.model.tiny_preset), tasks, documents, seed=config.seed)
     except UserError as err:
-        raise UserError(f"model.name_or_path = 'tiny' (the embedded model, built for SynthWiki) cannot read this "
-                        f"data, and nothing was pretrained: {err}") from None
+        # what to do first: the CLI cuts a long line at 400 characters
+        raise UserError("model.name_or_path = 'tiny' (the embedded model, built for SynthWiki) cannot read this data "
+                        "(nothing was pretrained); set model.name_or_path to a model folder whose tokenizer covers it "
+                        f"(a byte-level BPE model, as in the README's own-data section): {err}") from None
 
 
 def tiny_tokenizer(preset: str) -> Any:
