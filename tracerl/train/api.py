@@ -130,9 +130,10 @@ def check_same_config(config: TrainConfig, run_dir: Path) -> None:
 
 
 def _first_difference(saved: Any, given: Any, prefix: str = "") -> tuple[str, Any, Any] | None:
-    """The first dotted field whose value differs between two config dicts (None: the same)."""
+    """The first dotted field whose value differs between two config dicts (None: the same). A field
+    only one side has (a run saved by another tracerl version) is no difference."""
     if isinstance(saved, dict) and isinstance(given, dict):
-        for key in [*given, *(k for k in saved if k not in given)]:
+        for key in [k for k in given if k in saved]:
             found = _first_difference(saved.get(key), given.get(key), f"{prefix}{key}.")
             if found is not None:
                 return found
