@@ -20,6 +20,8 @@ What it checks (the JSON has one section each, stable keys):
 - ``scorer``/``engine``/``update``: a random model of Qwen3-0.6B's shape (``--small``: a small
   one) in bf16 compute: batched reference scoring against one plain batched forward
   (``batched_ratio``), generation throughput over many chains, one optimiser step's peak memory.
+- ``packed_update``: the tree-packed update (``optim.tree_packing``) against every leaf apart on
+  the same 4 trees x 4 leaves of 1,024 tokens: time, peak memory, tokens forwarded, gradient gap.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--small", action="store_true", help="Small shapes instead of Qwen3-0.6B's (CPU dry run).")
-    parser.add_argument("--skip", action="append", default=[], help="Skip a section (presets, resume, scorer, engine, update).")
+    parser.add_argument("--skip", action="append", default=[], help="Skip a section (presets, resume, scorer, engine, update, packed_update).")
     parser.add_argument("--out", default="benchmarks/results/gpu_check.json")
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -150,7 +152,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tracerl-gpu-check-"))
     start = time.perf_counter()
     try:
-        from gpu_check_shapes import check_engine, check_scorer, check_update
+        from gpu_check_shapes import check_engine, check_packed_update, check_scorer, check_update
 
         sections = {
             "presets": lambda: check_presets(args.device, args.dtype, work),
@@ -158,6 +160,7 @@ def main() -> None:
             "scorer": lambda: check_scorer(args.device, args.small),
             "engine": lambda: check_engine(args.device, args.small),
             "update": lambda: check_update(args.device, args.small),
+            "packed_update": lambda: check_packed_update(args.device, args.small),
         }
         for name, run in sections.items():
             if name in args.skip:
@@ -170,7 +173,7 @@ def main() -> None:
     report["seconds"] = round(time.perf_counter() - start, 1)
     checks = [report[s]["ok"] for s in ("resume",) if s in report]
     checks += [v["ok"] for v in report.get("presets", {}).values()]
-    checks += [report[s]["ok"] for s in ("scorer", "engine", "update") if s in report]
+    checks += [report[s]["ok"] for s in ("scorer", "engine", "update", "packed_update") if s in report]
     report["ok"] = all(checks)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

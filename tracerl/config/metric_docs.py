@@ -68,6 +68,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("clip_fraction", "update", "Share of trained tokens whose importance ratio was clipped."),
     Metric("grad_norm", "update", "Global gradient norm before clipping."),
     Metric("trained_tokens", "update", "Tokens with a loss (sampled tokens of trajectories with non-zero advantage)."),
+    Metric("update_forward_tokens", "update", "Tokens the update forwarded (without padding): each leaf's whole "
+           "sequence, or with optim.tree_packing each distinct prefix of a micro-batch once."),
+    Metric("unique_trained_tokens", "update", "Distinct tokens with a loss: a token the leaves of a packed tree share "
+           "counts once (without packing it equals trained_tokens)."),
     Metric("lr", "update", "Learning rate after this step's scheduler update."),
     Metric("nonfinite_skipped", "update", "Optimiser steps skipped this step for a non-finite loss or gradient norm."),
     Metric("nonfinite_skipped_total", "update", "Training steps with a skipped update since step 1 (`optim.max_nonfinite_steps` in a row stop the run)."),

@@ -394,6 +394,14 @@ class OptimConfig:
     update (``always``), never (``never``: trust the sampler's), or when the sampler is another
     engine (``auto``: when ``model.backend != 'hf'``). When recomputed, the per-step
     ``logprob_mismatch_mean_abs``/``_max`` between sampler and trainer log-probs are logged."""
+    tree_packing: str = "auto"
+    """Train each tree once: a micro-batch's leaves are packed as a token trie with a tree attention
+    mask, so a prompt or turn the leaves share is forwarded and back-propagated once, not once per
+    leaf; the per-leaf loss terms and their gradients are the same (up to float rounding). ``auto``:
+    on for branching schemes (``trace``, ``tree_random``), off for ``chain`` and ``dapo``, and off
+    when the attention implementation ignores custom 4D masks (flash-attention, flex); ``always``
+    (an attention without 4D masks is then an error); ``never``. Packed, micro-batches are cut
+    from leaves sorted by token ids instead of by length."""
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
     """Warn (or stop: ``optim.divergence.mode=stop``) when training collapses with finite weights:
     loss, gradient norm or KL jumping by orders of magnitude, sampled entropy rising to uniform,
@@ -403,6 +411,7 @@ class OptimConfig:
         _one_of("optim", "schedule", self.schedule, ["constant", "cosine", "linear"])
         _one_of("optim", "loss_agg", self.loss_agg, available_aggregations())
         _one_of("optim", "recompute_old_logprobs", self.recompute_old_logprobs, ["auto", "always", "never"])
+        _one_of("optim", "tree_packing", self.tree_packing, ["auto", "always", "never"])
         check_finite("optim", self)
         _positive("optim", lr=self.lr, grad_clip=self.grad_clip, micro_batch_size=self.micro_batch_size,
                   updates_per_step=self.updates_per_step, max_nonfinite_steps=self.max_nonfinite_steps)
