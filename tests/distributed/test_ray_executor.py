@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -294,6 +295,27 @@ def test_unplaceable_workers_are_refused_in_one_line(run) -> None:
         RayExecutor(worker_spec(cfg, folder))
     with pytest.raises(UserError, match=r"needs 12 CPU, but the Ray cluster has 6 CPU"):
         check_placeable({"CPU": 2.0}, 6, ray.cluster_resources())
+
+
+def test_a_worker_that_cannot_read_a_path_refuses_in_one_line(run) -> None:
+    """A node without the run's files (here: a corpus path no node has): the worker builds nothing,
+    the executor stops in one line naming the worker, its node and the path, and frees its bundles."""
+    from dataclasses import replace
+
+    config, folder, _ = run
+    spec = worker_spec(resolve_config("trace", smoke="random", overrides=OVERRIDES), folder)
+    spec = replace(spec, config={**spec.config, "data": {**spec.config["data"], "corpus": "/nowhere/corpus.jsonl"}})
+    free = ray.available_resources().get("CPU", 0.0)
+    with pytest.raises(UserError) as err:
+        RayExecutor(spec)
+    message = str(err.value)
+    assert message.startswith("rollout worker w0 on ") and "\n" not in message
+    assert "cannot read data.corpus = /nowhere/corpus.jsonl; every node with rollout workers" in message
+    for _ in range(100):  # its placement group is removed (Ray frees the bundles asynchronously)
+        if ray.available_resources().get("CPU", 0.0) == free:
+            break
+        time.sleep(0.1)
+    assert ray.available_resources().get("CPU", 0.0) == free
 
 
 def test_close_leaves_a_cluster_it_joined(run) -> None:

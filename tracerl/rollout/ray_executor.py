@@ -60,7 +60,7 @@ from tracerl.core.protocol import (
 from tracerl.core.types import RolloutTree
 from tracerl.errors import UserError
 from tracerl.rollout.placement import imbalance, place
-from tracerl.rollout.ray_worker import RolloutWorker
+from tracerl.rollout.ray_worker import RolloutWorker, with_absolute_paths
 from tracerl.rollout.weight_sync import bucket_bytes, pack
 from tracerl.rollout.worker_spec import WorkerSpec
 
@@ -84,7 +84,7 @@ class RayExecutor:
 
     def __init__(self, spec: WorkerSpec, score: ScoreFn | None = None) -> None:
         rollout = spec.config["rollout"]
-        self.spec = spec
+        self.spec = spec = with_absolute_paths(spec)
         self.n = int(rollout.get("workers", 1))
         self.weight_sync = str(rollout.get("weight_sync", "object_store"))
         self.readiness_on = str(rollout.get("readiness_on", "driver"))
@@ -112,6 +112,12 @@ class RayExecutor:
                             "rollout.workers or rollout.worker_resources, or free the cluster") from None
         self.actors = [self._spawn(i) for i in range(self.n + scorers)]
         ray.get([a.pid.remote() for a in self.actors], timeout=self.build_timeout)  # built (model loaded) before step 1
+        refusals = [r for r in ray.get([a.refusal.remote() for a in self.actors]) if r]
+        if refusals:
+            self.close()
+            raise UserError(f"{refusals[0]}; every node with rollout workers must see the run's files at the "
+                            "driver's paths (the run folder's initial/, the data files): put them on a shared "
+                            "filesystem mounted at the same path on every node")
         self.restarts = [0] * (self.n + scorers)
         self._source: Any = None  # the last weights given to sync_weights: a replacement is streamed them
         self._eval_state: dict[str, int] | None = None  # worker 0's evaluation counter: a replacement loads it

@@ -3,18 +3,53 @@
 object too). It holds one :class:`~tracerl.rollout.executor.LocalExecutor` built from a
 :class:`~tracerl.rollout.worker_spec.WorkerSpec` by the spec's builder; model code is imported
 here, in the worker, never on the driver side of the executor.
+
+A worker on another node reads the run's files at the paths the driver names (the initial policy,
+the data files). One that cannot read one, or whose build fails for a reason the user can fix,
+builds nothing and says so in one line (:meth:`RolloutWorker.refusal`); the executor then stops
+the run with that line before the first step.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from dataclasses import replace
 from typing import Any
 
+from tracerl.errors import one_line
 from tracerl.rollout.weight_sync import unpack
 from tracerl.rollout.worker_spec import WorkerSpec
+
+DATA_PATHS = ("tasks", "corpus", "eval_tasks")
+"""``data`` fields naming files every worker reads (its environment and evaluation tasks)."""
+
+
+def with_absolute_paths(spec: WorkerSpec) -> WorkerSpec:
+    """``spec`` with relative data paths made absolute from this (the driver's) working directory:
+    a worker runs in a directory of its own, where ``data/train.jsonl`` names nothing."""
+    data = dict(spec.config.get("data", {}) or {})
+    for key in DATA_PATHS:
+        value = data.get(key)
+        if value and not os.path.isabs(str(value)) and os.path.exists(str(value)):
+            data[key] = os.path.abspath(str(value))
+    return replace(spec, config={**spec.config, "data": data})
+
+
+def unreadable(spec: WorkerSpec) -> str | None:
+    """The first file or folder of ``spec`` this process cannot read, as ``what = path``; None when
+    all can be read. The initial policy is checked when it is a path (a hub name is not)."""
+    checks = []
+    if os.path.isabs(spec.initial_policy):
+        checks.append(("the initial policy", spec.initial_policy))
+    data = spec.config.get("data", {}) or {}
+    checks += [(f"data.{key}", str(data[key])) for key in DATA_PATHS if data.get(key)]
+    for what, path in checks:
+        if not os.access(path, os.R_OK):
+            return f"{what} = {path}"
+    return None
 
 
 class RolloutWorker:
@@ -26,7 +61,20 @@ class RolloutWorker:
         rollout = {**spec.config["rollout"], "executor": "local", "workers": 1}
         spec = replace(spec, config={**spec.config, "rollout": rollout})
         set_threads(spec.config["model"].get("threads", 0), spec.config["model"].get("device", "cpu"))
-        self.executor = spec.builder()(spec)
+        self._refusal: str | None = None
+        self.executor: Any = None
+        missing = unreadable(spec)
+        if missing is not None:
+            self._refusal = f"cannot read {missing}"
+        else:
+            try:
+                self.executor = spec.builder()(spec)
+            except Exception as exc:  # noqa: BLE001 - a user-fixable failure becomes the refusal; bugs raise
+                line = one_line(exc)
+                if line is None:
+                    raise
+                self._refusal = line
+        self.where = f"{spec.worker} on {socket.gethostname()}"
         self.weight_sync = weight_sync
         self.device = str(spec.config["model"].get("device", "cpu"))
         self._die_in: str | None = None
@@ -62,6 +110,10 @@ class RolloutWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def refusal(self) -> str | None:
+        """Why this worker built nothing (one line naming it, its node and the cause), or None."""
+        return None if self._refusal is None else f"rollout worker {self.where}: {self._refusal}"
 
     def die_in(self, method: str | None) -> None:
         """Fault injection for tests: SIGKILL this process when ``method`` is next called."""
