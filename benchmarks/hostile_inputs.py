@@ -283,6 +283,255 @@ def _no_run_folder(work: Path, done: subprocess.CompletedProcess[str]) -> str | 
     return "the run folder was created" if (work / "new-run").exists() else None
 
 
+# --- round three: strangers' checkpoints and models ------------------------------------------
+
+
+def _ckpt(run: Path) -> Path:
+    return run / (run / "LATEST").read_text().strip()
+
+
+def lock_hard_link(work: Path, run: Path) -> list[str]:
+    """``.lock`` a hard link to a file outside: the lock moves to a file of its own (the run resumes)."""
+    (run / ".lock").unlink()
+    os.link(work / "outside" / "sentinel.txt", run / ".lock")
+    return ["train", "--resume", str(run), "--steps", "2"]
+
+
+def view_fifo(work: Path, run: Path) -> list[str]:
+    path = _step_file(run)
+    path.unlink()
+    os.mkfifo(path)
+    return ["view", str(run)]
+
+
+def own_config_fresh(work: Path, run: Path) -> list[str]:
+    """The user's own config.yaml in --out, a fresh start without --config: refused, not overwritten."""
+    (work / "outside" / "config.yaml").write_text("steps: 1\n")
+    return ["train", "grpo", "--smoke-random", "--steps", "1", "--out", str(work / "outside"), *RUN_ARGS]
+
+
+def _data_folder(work: Path) -> Path:
+    data = work / "data"
+    data.mkdir()
+    (data / "tasks.jsonl").write_text(TASK.format(i=1) + TASK.format(i=2))
+    (data / "corpus.jsonl").write_text(DOC)
+    return data
+
+
+def manifest_crafted(work: Path, run: Path) -> list[str]:
+    data = _data_folder(work)
+    (data / "convert_manifest.json").write_text(json.dumps(
+        {"kind": "tracerl data convert", "status": "complete",
+         "files": {"tasks.jsonl": "x", "corpus.jsonl": {"records": [1], "bytes": 1, "sha256": "0"}}}))
+    return ["env-check", "--tasks", str(data / "tasks.jsonl"), "--corpus", str(data / "corpus.jsonl")]
+
+
+def manifest_records_huge(work: Path, run: Path) -> list[str]:
+    data = _data_folder(work)
+    size = (data / "tasks.jsonl").stat().st_size
+    (data / "convert_manifest.json").write_text(
+        '{"kind": "tracerl data convert", "status": "complete", "files": {"tasks.jsonl": '
+        f'{{"records": 1e400, "bytes": {size}, "sha256": "0"}}}}}}')
+    return ["env-check", "--tasks", str(data / "tasks.jsonl"), "--corpus", str(data / "corpus.jsonl")]
+
+
+def _musique_row(i: int, idx: Any = 0) -> dict[str, Any]:
+    return {"id": f"m{i}", "question": f"Who is {i}?", "answer": f"A{i}", "answerable": True,
+            "paragraphs": [{"idx": idx, "title": f"T{i}", "paragraph_text": f"T{i} is A{i}.", "is_supporting": True}],
+            "question_decomposition": [{"paragraph_support_idx": idx}]}
+
+
+def musique_infinity(work: Path, run: Path) -> list[str]:
+    rows = [json.dumps(_musique_row(1)), json.dumps(_musique_row(2)).replace('"idx": 0', '"idx": Infinity'),
+            json.dumps(_musique_row(3))]
+    (work / "raw.jsonl").write_text("\n".join(rows) + "\n")
+    return ["data", "convert", "musique", "--input", str(work / "raw.jsonl"), "--out", str(work / "converted")]
+
+
+def _converted_two(work: Path, done: subprocess.CompletedProcess[str]) -> str | None:
+    if done.returncode != 0:
+        return f"exit {done.returncode}: {done.stderr.strip()[-200:]}"
+    tasks = (work / "converted" / "tasks.jsonl").read_text().splitlines()
+    listed = "raw.jsonl:2" in done.stdout + done.stderr
+    return None if len(tasks) == 2 and listed else f"{len(tasks)} tasks written, bad row listed: {listed}"
+
+
+def convert_converted(work: Path, run: Path) -> list[str]:
+    """A file already in tracerl's format given to a converter: one line, not one error per row."""
+    (work / "tasks.jsonl").write_text("".join(TASK.format(i=i) for i in range(50)))
+    return ["data", "convert", "musique", "--input", str(work / "tasks.jsonl"), "--out", str(work / "converted")]
+
+
+def raw_musique_as_tasks(work: Path, run: Path) -> list[str]:
+    (work / "raw.jsonl").write_text(json.dumps(_musique_row(1)) + "\n")
+    (work / "corpus.jsonl").write_text(DOC)
+    return ["env-check", "--tasks", str(work / "raw.jsonl"), "--corpus", str(work / "corpus.jsonl")]
+
+
+def _metrics_step(value: str) -> Callable[[Path, Path], list[str]]:
+    def build(work: Path, run: Path) -> list[str]:
+        path = run / "metrics.jsonl"
+        record = json.loads(path.read_text().splitlines()[0])
+        record["step"] = "@STEP@"
+        path.write_text(json.dumps(record).replace('"@STEP@"', value) + "\n")
+        return ["train", "--resume", str(run), "--steps", "2"]
+    return build
+
+
+def _trainer_pt(edit: Callable[[dict[str, Any]], Any]) -> Callable[[Path, Path], list[str]]:
+    def build(work: Path, run: Path) -> list[str]:
+        import torch
+
+        path = _ckpt(run) / "trainer.pt"
+        state = torch.load(path, weights_only=True)
+        torch.save(edit(state), path)
+        return ["train", "--resume", str(run), "--steps", "2"]
+    return build
+
+
+def _set(state: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    return {**state, **changes}
+
+
+def _short_rng(state: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    return _set(state, rng={**state["rng"], "torch": torch.zeros(3, dtype=torch.uint8)})
+
+
+def _optimizer_shapes(state: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    optimizer = state["optimizer"]  # AdamW moments of the first parameter, of a shape it does not have
+    optimizer["state"][0] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros(2, 2), "exp_avg_sq": torch.zeros(2, 2)}
+    return state
+
+
+def _policy_config(where: str, edit: Callable[[dict[str, Any]], None], command: str) -> Callable[[Path, Path], list[str]]:
+    def build(work: Path, run: Path) -> list[str]:
+        path = (_ckpt(run) / "policy" if where == "ckpt" else run / "initial") / "config.json"
+        config = json.loads(path.read_text())
+        edit(config)
+        path.write_text(json.dumps(config))
+        if command == "eval":
+            return ["eval", "--run", str(run), "--limit", "1", "--no-progress"]
+        return ["train", "--resume", str(run), "--steps", "2"]
+    return build
+
+
+def _more_layers(config: dict[str, Any]) -> None:
+    config["num_hidden_layers"] = config.get("num_hidden_layers", 1) + 1
+
+
+def _wider(config: dict[str, Any]) -> None:
+    config["hidden_size"] = config.get("hidden_size", 32) * 2
+
+
+def _drop_unk(path: Path) -> None:
+    data = json.loads(path.read_text())
+    vocab = data["model"].get("vocab")
+    if isinstance(vocab, dict):
+        vocab.pop(data["model"].get("unk_token", "[UNK]"), None)
+    data["added_tokens"] = [t for t in data.get("added_tokens", []) if "UNK" not in t.get("content", "")]
+    path.write_text(json.dumps(data))
+
+
+def tokenizer_no_unk(work: Path, run: Path) -> list[str]:
+    """A word-level tokenizer.json without its unknown token: fails at the first unseen word."""
+    _drop_unk(run / "initial" / "tokenizer.json")
+    return ["train", "--resume", str(run), "--steps", "2"]
+
+
+def tokenizer_no_unk_eval(work: Path, run: Path) -> list[str]:
+    _drop_unk(_ckpt(run) / "policy" / "tokenizer.json")
+    (work / "tasks.jsonl").write_text(TASK.format(i="Zyxwq"))
+    (work / "corpus.jsonl").write_text(DOC)
+    return ["eval", "--run", str(run), "--limit", "1", "--no-progress", "--tasks", str(work / "tasks.jsonl"),
+            "--corpus", str(work / "corpus.jsonl")]
+
+
+def reference_types(work: Path, run: Path) -> list[str]:
+    (run / "initial" / "reference.json").write_text(json.dumps({"path": str(run / "initial"), "fingerprint": [1]}))
+    return ["train", "--resume", str(run), "--steps", "2"]
+
+
+def _chat_template(template: str) -> Callable[[Path, Path], list[str]]:
+    def build(work: Path, run: Path) -> list[str]:
+        folder = _ckpt(run)
+        (folder / "policy" / "chat_template.jinja").write_text(template)
+        config = folder / "config.yaml"
+        config.write_text(config.read_text().replace("format: react", "format: chat"))
+        return ["eval", "--run", str(run), "--limit", "1", "--no-progress"]
+    return build
+
+
+LOOP_TEMPLATE = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+                 "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}")
+DOUBLING_TEMPLATE = ("{% set s = namespace(x='ab') %}{% for i in range(40) %}{% set s.x = s.x ~ s.x %}{% endfor %}"
+                     "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}")
+
+
+def view_many_keys(work: Path, run: Path) -> list[str]:
+    path = run / "metrics.jsonl"
+    record = json.loads(path.read_text().splitlines()[0])
+    with open(path, "w") as handle:
+        for step in range(60):
+            line = {**record, "step": step, **{f"k{step}_{i}": 1.0 for i in range(40_000)}}
+            handle.write(json.dumps(line) + "\n")
+    return ["view", str(run)]
+
+
+def tasks_json_dev_zero(work: Path, run: Path) -> list[str]:
+    (work / "tasks.json").symlink_to("/dev/zero")
+    (work / "corpus.jsonl").write_text(DOC)
+    return ["env-check", "--tasks", str(work / "tasks.json"), "--corpus", str(work / "corpus.jsonl")]
+
+
+def tasks_fifo(work: Path, run: Path) -> list[str]:
+    os.mkfifo(work / "tasks.jsonl")
+    (work / "corpus.jsonl").write_text(DOC)
+    return ["env-check", "--tasks", str(work / "tasks.jsonl"), "--corpus", str(work / "corpus.jsonl")]
+
+
+def config_fifo(work: Path, run: Path) -> list[str]:
+    os.mkfifo(work / "config.yaml")
+    return ["config", "show", "grpo", "--config", str(work / "config.yaml")]
+
+
+def escape_in_config(work: Path, run: Path) -> list[str]:
+    config = _ckpt(run) / "config.yaml"
+    config.write_text(config.read_text() + '"\\e]0;pwned\\a\\e[2J": 1\n')  # YAML's escapes: ESC, BEL
+    return ["eval", "--run", str(run), "--limit", "1", "--no-progress"]
+
+
+def _no_escape(work: Path, done: subprocess.CompletedProcess[str]) -> str | None:
+    return "a raw escape character reached the terminal" if "\x1b" in done.stderr + done.stdout else None
+
+
+def world_huge(work: Path, run: Path) -> list[str]:
+    return ["train", "grpo", "--smoke-random", "--steps", "1", "--out", str(work / "new-run"),
+            "--set", "data.world.num_people=1000000000"]
+
+
+def verifier_os_system(work: Path, run: Path) -> list[str]:
+    return ["config", "show", "grpo", "--set", "data.verifier=os:system"]
+
+
+def config_no_import(work: Path, run: Path) -> list[str]:
+    """A stranger's config naming a module that runs code at import: ``config show --no-import`` reads it."""
+    (work / "their_plugin.py").write_text(
+        f"open({str(work / 'outside' / 'imported.txt')!r}, 'w').write('ran')\n"
+        "def verify(answer, task):\n    return 0.0\n")
+    (work / "their.yaml").write_text("data:\n  verifier: their_plugin:verify\n")
+    return ["config", "show", "grpo", "--config", str(work / "their.yaml"), "--no-import"]
+
+
+def _shown_not_imported(work: Path, done: subprocess.CompletedProcess[str]) -> str | None:
+    if done.returncode != 0:
+        return f"exit {done.returncode}: {done.stderr.strip()[-200:]}"
+    return None if "their_plugin:verify" in done.stdout else "the config was not shown"
+
+
 CASES = [
     Case("lock_link", "runfolder", lock_link),
     Case("lock_link_fresh", "runfolder", lock_link_fresh, needs_run=False),
@@ -306,6 +555,38 @@ CASES = [
     Case("view_link", "view", view_link),
     Case("view_missing_keys", "view", view_missing_keys),
     Case("tool_huge_message", "guards", tool_huge_message, expect_ok=True, check=_observations_bounded,
+         needs_run=False),
+    Case("lock_hard_link", "runfolder", lock_hard_link, expect_ok=True),
+    Case("view_fifo", "view", view_fifo),
+    Case("own_config_fresh", "runfolder", own_config_fresh, needs_run=False),
+    Case("manifest_crafted", "runfolder", manifest_crafted, needs_run=False),
+    Case("manifest_records_huge", "runfolder", manifest_records_huge, needs_run=False),
+    Case("musique_infinity", "runfolder", musique_infinity, expect_ok=True, check=_converted_two, needs_run=False),
+    Case("convert_converted", "runfolder", convert_converted, needs_run=False),
+    Case("raw_musique_as_tasks", "runfolder", raw_musique_as_tasks, needs_run=False),
+    Case("metrics_step_null", "runfolder", _metrics_step("null")),
+    Case("metrics_step_1e400", "runfolder", _metrics_step("1e400")),
+    Case("metrics_step_list", "runfolder", _metrics_step("[3]")),
+    Case("trainer_pt_empty", "runfolder", _trainer_pt(lambda state: {})),
+    Case("trainer_pt_list", "runfolder", _trainer_pt(lambda state: [1, 2])),
+    Case("trainer_pt_step_text", "runfolder", _trainer_pt(lambda state: _set(state, step="1"))),
+    Case("trainer_pt_short_rng", "runfolder", _trainer_pt(_short_rng)),
+    Case("trainer_pt_optimizer_shapes", "runfolder", _trainer_pt(_optimizer_shapes)),
+    Case("ckpt_config_mismatch", "runfolder", _policy_config("ckpt", _wider, "eval")),
+    Case("initial_config_mismatch", "runfolder", _policy_config("initial", _more_layers, "resume")),
+    Case("tokenizer_no_unk", "runfolder", tokenizer_no_unk),
+    Case("tokenizer_no_unk_eval", "runfolder", tokenizer_no_unk_eval),
+    Case("reference_types", "runfolder", reference_types),
+    Case("chat_template_loops", "runfolder", _chat_template(LOOP_TEMPLATE)),
+    Case("chat_template_doubling", "runfolder", _chat_template(DOUBLING_TEMPLATE)),
+    Case("view_many_keys", "view", view_many_keys),
+    Case("tasks_json_dev_zero", "runfolder", tasks_json_dev_zero, needs_run=False),
+    Case("tasks_fifo", "runfolder", tasks_fifo, needs_run=False),
+    Case("config_fifo", "runfolder", config_fifo, needs_run=False),
+    Case("escape_in_config", "runfolder", escape_in_config, check=_no_escape),
+    Case("world_huge", "runfolder", world_huge, needs_run=False, check=_no_run_folder),
+    Case("verifier_os_system", "runfolder", verifier_os_system, needs_run=False),
+    Case("config_no_import", "runfolder", config_no_import, expect_ok=True, check=_shown_not_imported,
          needs_run=False),
 ]
 

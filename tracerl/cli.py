@@ -393,8 +393,19 @@ def config_show(
     smoke: bool = typer.Option(False, "--smoke", help="Show the --smoke variant (the smoke-pretrained tiny model)."),
     smoke_random: bool = typer.Option(False, "--smoke-random", help="Show the --smoke-random variant (a random tiny model)."),
     explain: bool = typer.Option(False, "--explain", help="Comment every field with its meaning and default."),
+    no_import: bool = typer.Option(False, "--no-import", help="Read someone else's config safely: print the layers "
+                                   "without building them (import paths listed, not imported; nothing checked)."),
 ) -> None:
-    """Print the fully resolved config of a preset as YAML, after the same checks as `train`."""
+    """Print the fully resolved config of a preset as YAML, after the same checks as `train`.
+
+    A config's import paths (data.verifier: pkg.mod:fn) are code: they are imported here as in
+    `train`; use --no-import to read a config you do not trust."""
+    if no_import:
+        from tracerl.config.no_import import unresolved_yaml
+
+        typer.echo(unresolved_yaml(preset or "grpo", config_file=config, overrides=set_ or [],
+                                   smoke=_smoke_mode(smoke, smoke_random)), nl=False)
+        return
     from tracerl.config.schema import config_to_yaml
     from tracerl.config.docs import explained_yaml
     from tracerl.train.preflight import checked_config

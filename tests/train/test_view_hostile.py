@@ -265,7 +265,7 @@ def test_view_reads_nothing_through_links(tmp_path: Path) -> None:
 def test_a_metrics_step_that_is_not_an_integer_is_one_line(tmp_path: Path) -> None:
     write_run(tmp_path, steps=1)
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": "<b>1</b>", "loss": 1.0}) + "\n")
-    with pytest.raises(ViewError, match=r"metrics\.jsonl: record 1 has a step that is not an integer \(str\)"):
+    with pytest.raises(ViewError, match=r"metrics\.jsonl:1: field 'step' must be a non-negative integer, got str"):
         render_run(tmp_path)
 
 

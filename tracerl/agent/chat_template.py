@@ -45,6 +45,7 @@ from tracerl.agent.tagged import (
     render_tagged_action,
     tool_listing,
 )
+from tracerl.agent.template_sandbox import TemplateLimitError, sandbox_for
 from tracerl.agent.turn_end import tagged_ends_turn
 from tracerl.core.types import Action, Task
 from tracerl.envs.base import Observation
@@ -66,9 +67,8 @@ def has_usable_template(tokenizer: Any) -> bool:
     """
     if not getattr(tokenizer, "chat_template", None):
         return False
-    try:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": _QUESTION}], tokenize=False, add_generation_prompt=True)
+    try:  # in the sandbox: a stranger's template is code (agent/template_sandbox.py)
+        text = sandbox_for(tokenizer).render([{"role": "user", "content": _QUESTION}], add_generation_prompt=True)
     except Exception:  # noqa: BLE001 - any template failure is reported by ChatTemplateFormat
         return True
     return str(text).strip() != _QUESTION
@@ -106,6 +106,8 @@ class ChatTemplateFormat(AgentFormat):
                 self._reference_turn()
                 self.observation_role = self._observation_role()
                 break
+            except TemplateLimitError:
+                raise
             except ValueError as exc:
                 failures.append(str(exc))
         else:
@@ -130,8 +132,9 @@ class ChatTemplateFormat(AgentFormat):
         self._end_ids = self._encode(self.end_of_turn)
 
     def _render(self, messages: list[dict[str, str]], generation: bool, tools: Any = None) -> str:
-        return str(self.tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=generation, enable_thinking=self.thinking))
+        """The template's text, rendered under a time, memory and size limit (agent/template_sandbox.py)."""
+        return sandbox_for(self.tokenizer).render(messages, tools=tools, add_generation_prompt=generation,
+                                                  enable_thinking=self.thinking)
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -140,6 +143,8 @@ class ChatTemplateFormat(AgentFormat):
         try:
             text = self._render([{"role": "system", "content": _SYSTEM_MARK},
                                  {"role": "user", "content": _QUESTION}], generation=True)
+        except TemplateLimitError:
+            raise
         except Exception:  # noqa: BLE001 - e.g. "System role not supported" (Gemma 2)
             return False
         return _SYSTEM_MARK in text
@@ -149,6 +154,8 @@ class ChatTemplateFormat(AgentFormat):
                                                   "parameters": {"type": "object", "properties": {}}}}
         try:
             text = self._render([{"role": "user", "content": _QUESTION}], generation=True, tools=[tool])
+        except TemplateLimitError:
+            raise
         except Exception:  # noqa: BLE001 - a template that cannot take tools=
             return False
         return _TOOL_MARK in text
@@ -158,6 +165,8 @@ class ChatTemplateFormat(AgentFormat):
         for role in ("tool", "user"):
             try:
                 delta = self._delta(role, _OBS_MARK)
+            except TemplateLimitError:
+                raise
             except Exception as exc:  # noqa: BLE001 - a template rejecting the role raises anything
                 reasons.append(f"{role!r}: {exc}")
                 continue

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import dacite
 import yaml
 
-from tracerl.envs.bounded import MiB, TooLarge, read_limited
+from tracerl.envs.bounded import MiB, printable, read_limited
 from tracerl.errors import UserError
 from tracerl.config.yaml_safe import YamlBombError, load_bounded
 
@@ -27,7 +27,13 @@ MAX_CONFIG_BYTES = 1 * MiB
 
 
 class ConfigError(UserError):
-    """A config that cannot be loaded; the message names the field."""
+    """A config that cannot be loaded; the message names the field.
+
+    The message may quote a stranger's file (an unknown key, a value): its terminal control
+    characters are escaped, so printing it cannot retitle or clear the terminal."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(printable(message))
 
 
 def _dataclass_type(tp: Any) -> type | None:
@@ -176,7 +182,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping, naming the file on error."""
     try:
         data = parse_yaml(read_limited(path, MAX_CONFIG_BYTES, "config file").decode("utf-8"), path) or {}
-    except TooLarge as err:
+    except UserError as err:  # too large, or not a regular file (a FIFO: refused before it is opened)
         raise ConfigError(str(err)) from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read config file {path}: {err}") from None

@@ -22,9 +22,20 @@ FLOAT_LIMIT = 1e30
 AdamW's ``lr / (1 - beta1)`` or a loss times ``kl_coef`` stay representable."""
 INT_LIMIT = 2**63 - 1
 """Largest magnitude of any integer field (torch's int64: seeds, counts, sizes)."""
+WORLD_ENTITIES = 100_000
+"""Most entities of one kind in a SynthWiki world (``data.world.num_people`` and the like)."""
+WORLD_QUESTIONS = 1_000_000
+"""Most questions of one split of a SynthWiki world (``data.world.num_train``, ``num_test``)."""
 FIELD_RANGES: dict[str, tuple[float, float]] = {
     "optim.lr": (0.0, FLOAT_LIMIT),
     "data.tool_timeout_s": (0.0, 1e6),  # ~11 days; threading and poll timeouts overflow near 1e10 s
+    # SynthWiki is built in memory at start: ~0.7 ms and ~3 KB per entity, so 100k of a kind is about a
+    # minute and a few hundred MB; a billion people was a 3.5 GB MemoryError after three minutes.
+    **{f"data.world.num_{kind}": (0, WORLD_ENTITIES) for kind in ("people", "cities", "countries", "books", "bands",
+                                                                  "companies")},
+    "data.world.num_train": (0, WORLD_QUESTIONS),
+    "data.world.num_test": (0, WORLD_QUESTIONS),
+    "data.train_worlds": (0, 1000),
 }
 """Closed ranges of the fields whose computable range is narrower than the generic one."""
 

@@ -30,16 +30,23 @@ class TooLarge(UserError):
 def open_regular(path: str | Path) -> IO[bytes]:
     """Open ``path`` for binary reading, refusing anything but a regular file.
 
-    A FIFO, a device (``/dev/zero``) or a socket would make a reader block or never end.
+    A FIFO, a device (``/dev/zero``) or a socket would make a reader block or never end. The
+    file is opened with ``O_NONBLOCK`` and checked with ``fstat`` before anything is read, so a
+    FIFO with no writer cannot block the open itself (a plain ``open()`` would), and the check
+    is on the object actually opened (no race between a check and the open).
     Symbolic links are followed here (a user may link their own data); run folders refuse
     links separately (:func:`tracerl.runs.folder.check_run_folder`).
     """
-    handle = open(path, "rb")  # noqa: SIM115 - returned to the caller
-    mode = os.fstat(handle.fileno()).st_mode
-    if not stat.S_ISREG(mode):
-        handle.close()
-        raise UserError(f"{path} is not a regular file (a device, FIFO or socket); give a file")
-    return handle
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UserError(f"{path} is not a regular file (a device, FIFO or socket); give a file")
+        os.set_blocking(fd, True)  # no effect on a regular file's reads; restores the usual flags
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_limited(path: str | Path, max_bytes: int, what: str = "file") -> bytes:
@@ -49,6 +56,14 @@ def read_limited(path: str | Path, max_bytes: int, what: str = "file") -> bytes:
     if len(data) > max_bytes:
         raise TooLarge(f"{path}: {what} larger than {_size(max_bytes)}; refused to read it")
     return data
+
+
+def is_regular(path: str | Path) -> bool:
+    """Whether ``path`` (links followed) is a regular file; never opens it (a FIFO stays unopened)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def lines_limited(handle: IO[bytes], max_line_bytes: int) -> Iterator[tuple[int, bytes | None]]:
@@ -83,6 +98,15 @@ def loads_json(text: str | bytes) -> Any:
         return json.loads(text)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7f, 0xa0)] if chr(c) not in "\n\t"}
+
+
+def printable(text: str) -> str:
+    """``text`` with terminal control characters escaped (``\\x1b``): a stranger's file named or quoted
+    in a message must not retitle, clear or recolour the terminal it is printed on."""
+    return text.translate(_CONTROL)
 
 
 def _size(n: int) -> str:

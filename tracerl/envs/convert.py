@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.core.types import Task
-from tracerl.envs.bounded import MiB, lines_limited, loads_json, open_regular
+from tracerl.envs.bounded import MiB, TooLarge, is_regular, lines_limited, loads_json, open_regular, read_limited
 from tracerl.envs.data import PARQUET_MISSING, Document, parquet_available, task_record
 from tracerl.envs.manifest import publish, remove_stale_temps, remove_temps, write_temp_lines
 from tracerl.errors import UserError
@@ -38,6 +38,8 @@ from tracerl.errors import UserError
 FORMATS = ("hotpotqa", "musique", "2wiki", "search-r1")
 MAX_RAW_LINE = 16 * MiB
 """Longest raw JSONL row read (a MuSiQue row is ~10 KB); a longer one is skipped and reported."""
+MAX_RAW_LIST = 2048 * MiB
+"""Largest raw JSON list read whole (HotpotQA's training file is ~570 MB)."""
 
 
 class RowError(ValueError):
@@ -89,8 +91,10 @@ def raw_rows(path: Path) -> Iterator[tuple[str, Any]]:
     A line that is not JSON is yielded as a :class:`RowError` (reported, not fatal); a file
     that cannot be read at all raises :class:`UserError`.
     """
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"{path}: no such file")
+    if not is_regular(path):  # checked before any open: a FIFO would block it, /dev/zero never end
+        raise UserError(f"{path} is not a regular file (a device, FIFO or socket); give a file")
     if path.suffix == ".parquet":
         if not parquet_available():
             raise UserError(f"{path}: {PARQUET_MISSING}")
@@ -102,11 +106,13 @@ def raw_rows(path: Path) -> Iterator[tuple[str, Any]]:
             raise UserError(f"{path}: not a readable parquet file ({exc})") from None
         yield from ((f"{path}[{i}]", row) for i, row in enumerate(rows))
         return
-    with open(path, "rb") as handle:
+    with open_regular(path) as handle:
         head = handle.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
     if head.startswith(b"["):  # one JSON list (HotpotQA, 2Wiki)
         try:
-            rows = loads_json(path.read_bytes().decode("utf-8-sig"))
+            rows = loads_json(read_limited(path, MAX_RAW_LIST, "a raw JSON list").decode("utf-8-sig"))
+        except TooLarge:
+            raise
         except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError, nesting too deep
             raise UserError(f"{path}: not a valid JSON list ({exc})") from None
         yield from ((f"{path}[{i}]", row) for i, row in enumerate(rows))
@@ -197,11 +203,11 @@ def musique_task(row: dict[str, Any], corpus: Corpus) -> Task:
         if not isinstance(para, dict):
             raise RowError(f"paragraph {i} is not an object")
         title, text = _text(para, "title"), _text(para, "paragraph_text")
-        by_idx[int(para.get("idx", i))] = (title, corpus.add(title, text))
+        by_idx[_idx(para, i)] = (title, corpus.add(title, text))
     hops = [step.get("paragraph_support_idx") for step in row.get("question_decomposition") or []
             if isinstance(step, dict)]
     order = [i for i in hops if isinstance(i, int) and i in by_idx]
-    order += [int(p.get("idx", i)) for i, p in enumerate(paragraphs) if p.get("is_supporting")]
+    order += [_idx(p, i) for i, p in enumerate(paragraphs) if p.get("is_supporting")]
     order = list(dict.fromkeys(order))
     if not order:
         raise RowError("no supporting paragraph (is_supporting / paragraph_support_idx)")
@@ -210,6 +216,15 @@ def musique_task(row: dict[str, Any], corpus: Corpus) -> Task:
                                                                                 if a.strip()])),
                 supporting_titles=tuple(by_idx[i][0] for i in order),
                 supporting_ids=tuple(by_idx[i][1] for i in order), hops=len(order))
+
+
+def _idx(paragraph: dict[str, Any], position: int) -> int:
+    """A paragraph's ``idx`` (its position when absent); anything but an integer is a bad row
+    (JSON's ``Infinity`` or ``1e400`` would overflow ``int()``)."""
+    idx = paragraph.get("idx", position)
+    if not isinstance(idx, int) or isinstance(idx, bool):
+        raise RowError(f"paragraph {position}: field 'idx' must be an integer, got {type(idx).__name__}")
+    return idx
 
 
 # --- Search-R1 ------------------------------------------------------------------------------
@@ -286,12 +301,14 @@ def _rows_to_tasks(rows: Iterator[tuple[str, Any]], make: Callable[[dict[str, An
     for position, (where, row) in enumerate(rows):
         if limit is not None and len(tasks) >= limit:
             break
+        if position == 0:
+            refuse_converted(where, row)
         size = len(corpus.documents) if corpus is not None else 0
         try:
             task = make(_object(row), position)
             if task.id in seen:
                 raise RowError(f"id {task.id!r} repeats {seen[task.id]}")
-        except (RowError, ValueError, TypeError) as exc:
+        except (RowError, ValueError, TypeError, OverflowError) as exc:  # one bad row: listed, skipped
             errors.append(f"{where}: {exc}")
             if corpus is not None:
                 corpus.rollback(size)
@@ -299,6 +316,19 @@ def _rows_to_tasks(rows: Iterator[tuple[str, Any]], make: Callable[[dict[str, An
         seen[task.id] = where
         tasks.append(task)
     return tasks
+
+
+TRACERL_TASK_FIELDS = ("id", "question", "answers")
+
+
+def refuse_converted(where: str, row: Any) -> None:
+    """Raise :class:`UserError` when the first row is already a tracerl task (``id, question, answers``
+    and no raw field): converting it would fail on every row, one error each."""
+    if isinstance(row, dict) and all(k in row for k in TRACERL_TASK_FIELDS) and isinstance(row["answers"], list) \
+            and not any(k in row for k in ("answer", "context", "paragraphs", "golden_answers", "reward_model")):
+        file = where.rsplit(":", 1)[0] if not where.endswith("]") else where[:where.rindex("[")]
+        raise UserError(f"{file} is already in tracerl's task format (id, question, answers): nothing to convert; "
+                        "give it as data.tasks (with its corpus as data.corpus) or to tracerl env-check --tasks")
 
 
 def _read_corpus(path: Path, errors: list[str]) -> list[Document]:

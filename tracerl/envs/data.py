@@ -17,13 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tracerl.envs.bounded import MiB, line_too_long, lines_limited, loads_json, open_regular
+from tracerl.envs.bounded import MiB, TooLarge, is_regular, line_too_long, lines_limited, loads_json, open_regular, read_limited
 from tracerl.core.types import Task
 from tracerl.envs.manifest import check_manifest
 from tracerl.errors import UserError
 
 MAX_LINE_BYTES = 4 * MiB
 """Default ``data.max_line_bytes``: longest JSONL record read (a long Wikipedia page is ~200 KB)."""
+MAX_JSON_BYTES = 512 * MiB
+"""Largest ``.json`` data file (one list, parsed whole); a larger data set belongs in ``.jsonl``."""
 MAX_QUESTION_CHARS = 4000
 """Default ``data.max_question_chars`` (HotpotQA's and MuSiQue's longest questions are under 1,000)."""
 
@@ -81,8 +83,10 @@ def _records(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple
 
 
 def _json_list_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    try:
-        data = loads_json(path.read_bytes().decode("utf-8-sig"))
+    try:  # checked as a regular file before it is opened, read bounded (a link to /dev/zero never ends)
+        data = loads_json(read_limited(path, MAX_JSON_BYTES, "a .json data file").decode("utf-8-sig"))
+    except TooLarge as exc:
+        raise UserError(f"{exc} (write a larger data set as .jsonl: it is read line by line)") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not valid UTF-8; save the file as UTF-8") from None
     except json.JSONDecodeError as exc:
@@ -140,7 +144,26 @@ def _field(record: dict[str, Any], name: str, kind: type, where: str, required: 
     return value
 
 
+RAW_FORMATS = {"musique": ("paragraphs", "question_decomposition"), "hotpotqa": ("context", "supporting_facts"),
+               "search-r1": ("golden_answers", "reward_model")}
+"""Fields by which a raw data-set row is recognised (it must be converted before use)."""
+
+
+def raw_format(record: dict[str, Any]) -> str | None:
+    """The raw format ``tracerl data convert`` reads that ``record`` looks like, or None."""
+    if "answers" in record:
+        return None
+    for name, fields in RAW_FORMATS.items():
+        if any(f in record for f in fields):
+            return name
+    return None
+
+
 def _task(record: dict[str, Any], where: str, max_question_chars: int = MAX_QUESTION_CHARS) -> Task:
+    raw = raw_format(record)
+    if raw is not None:  # one line for the whole file, not an error per field
+        raise UserError(f"{where}: this looks like a raw {raw} row, not a tracerl task; convert the file first: "
+                        f"tracerl data convert {raw} --input FILE --out FOLDER")
     task_id = _field(record, "id", str, where)
     question = _field(record, "question", str, where)
     if not question.strip():
@@ -168,7 +191,7 @@ def load_tasks(path: str | Path, *, max_line_bytes: int = MAX_LINE_BYTES,
     here, before a run folder exists, instead of at the first step that meets them. A file that
     ``tracerl data convert`` wrote is checked against its manifest first (envs/manifest.py).
     """
-    path = Path(path)
+    path = _regular(path)
     expected = check_manifest(path)
     tasks: list[Task] = []
     seen: dict[str, str] = {}
@@ -183,6 +206,14 @@ def load_tasks(path: str | Path, *, max_line_bytes: int = MAX_LINE_BYTES,
     return tasks
 
 
+def _regular(path: str | Path) -> Path:
+    """``path``, refused before any open unless it is a regular file (a FIFO would block the open)."""
+    path = Path(path)
+    if path.exists() and not is_regular(path):
+        raise UserError(f"{path} is not a regular file (a device, FIFO or socket); give a file")
+    return path
+
+
 def _counted(items: list[Any], expected: int | None, path: Path) -> None:
     if expected is not None and len(items) != expected:
         raise UserError(f"{path} holds {len(items)} records, its convert manifest {expected}; convert again")
@@ -192,7 +223,7 @@ def load_corpus(path: str | Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> li
     """Read a corpus file (``.jsonl``, ``.json`` list or ``.parquet``); ids must be unique.
 
     Lines past ``max_line_bytes`` and a file torn since ``tracerl data convert`` are refused."""
-    path = Path(path)
+    path = _regular(path)
     expected = check_manifest(path)
     docs: list[Document] = []
     seen: dict[str, str] = {}

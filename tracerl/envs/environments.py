@@ -24,6 +24,7 @@ from typing import Any
 
 from tracerl.core.registry import Registry, RegistryError, resolve_import_path
 from tracerl.envs.base import EnvConfig, ToolEnvironment
+from tracerl.envs.plugins import SignedRegistry
 from tracerl.envs.tools import Tool, ToolSet, check_importable
 
 
@@ -38,7 +39,7 @@ class EnvSettings:
 
 
 EnvironmentFactory = Callable[[Any, EnvSettings], ToolEnvironment]
-ENVIRONMENTS: Registry[EnvironmentFactory] = Registry("environment")
+ENVIRONMENTS: Registry[EnvironmentFactory] = SignedRegistry("environment", "f(documents, settings)", 2)
 """Environment factories by name; ``get`` also resolves ``package.module:factory``."""
 
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tracerl.envs.bounded import MiB, TooLarge, read_limited
+from tracerl.envs.bounded import MiB, TooLarge, open_regular, read_limited
 from tracerl.errors import UserError
 
 MANIFEST = "convert_manifest.json"
@@ -112,10 +112,13 @@ def check_manifest(path: Path) -> int | None:
         data = json.loads(read_limited(manifest, 1 * MiB, "manifest"))
         entry = data["files"].get(path.name) if data.get("kind") == _KIND else None
         status = data["status"]
+        if not isinstance(status, str) or len(status) > 40:
+            raise TypeError("status")
     except (TooLarge, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise UserError(f"{manifest} is damaged; run tracerl data convert again (or delete it)") from None
     if entry is None:
         return None
+    _check_entry(manifest, path.name, entry)
     if status != "complete":
         raise UserError(f"{path}: a tracerl data convert into {path.parent} was interrupted ({manifest} says "
                         f"{status!r}); run the conversion again")
@@ -127,9 +130,23 @@ def check_manifest(path: Path) -> int | None:
     return int(entry["records"])
 
 
+def _check_entry(manifest: Path, name: str, entry: Any) -> None:
+    """Raise :class:`UserError` naming the field when a manifest entry is not what convert writes."""
+    if not isinstance(entry, dict):
+        raise UserError(f"{manifest}: files.{name} must be an object, got {type(entry).__name__}; the manifest is "
+                        "damaged: run tracerl data convert again (or delete it)")
+    for key, kind in (("records", int), ("bytes", int), ("sha256", str)):
+        value = entry.get(key)
+        counted = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        if not (counted if kind is int else isinstance(value, str)):
+            raise UserError(f"{manifest}: files.{name}.{key} must be {'a non-negative integer' if kind is int else 'a string'}, "
+                            f"got {type(value).__name__}; the manifest is damaged: run tracerl data convert again "
+                            "(or delete it)")
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open_regular(path) as handle:
         for block in iter(lambda: handle.read(MiB), b""):
             digest.update(block)
     return digest.hexdigest()

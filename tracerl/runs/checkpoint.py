@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
+from tracerl.envs.bounded import printable
 from tracerl.runs.folder import fsync_dir, temp_path, write_atomic
 
 LATEST = "LATEST"
@@ -42,7 +43,11 @@ __all__ = ["LATEST", "CheckpointError", "RngState", "first_nonfinite", "latest_c
 
 
 class CheckpointError(ValueError):
-    """A checkpoint file or pointer is missing, corrupted, unsafe or names something outside the run."""
+    """A checkpoint file or pointer is missing, corrupted, unsafe or names something outside the run
+    (control characters of quoted foreign text escaped)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(printable(message))
 
 
 @dataclass
@@ -209,7 +214,7 @@ def load_trainer_state(folder: Path) -> dict[str, Any]:
     """Read ``trainer.pt`` with ``weights_only=True``: a pickled object that would run code is refused."""
     path = Path(folder) / "trainer.pt"
     try:
-        return torch.load(path, weights_only=True, map_location="cpu")
+        state = torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"{path} holds objects other than tensors and plain data, refused to load "
@@ -217,6 +222,100 @@ def load_trainer_state(folder: Path) -> dict[str, Any]:
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         raise CheckpointError(f"{path} is corrupted or truncated ({type(err).__name__}); "
                               "restore it or start a new run") from None
+    check_trainer_state(state, path)  # the types of what is there; a resume also requires every field
+    return state
+
+
+_STATE_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "step": int, "cursor": int, "totals": dict, "optimizer": (dict, type(None)), "scheduler": dict,
+    "predictor": (dict, type(None)), "rng": dict, "nonfinite": dict, "scaler": (dict, type(None)),
+    "tool_health": dict, "eval_trees_started": int, "divergence": dict,
+}
+"""``trainer.pt``'s fields and their types."""
+RESUME_FIELDS = ("step", "cursor", "totals", "optimizer", "scheduler", "predictor", "rng")
+"""The fields a resume reads without a default (older checkpoints lack the others)."""
+
+
+def check_trainer_state(state: Any, path: Path, require: tuple[str, ...] = ()) -> None:
+    """Raise :class:`CheckpointError` naming ``path`` and the field when a safely loaded ``trainer.pt``
+    is not the plain data :func:`save_checkpoint` writes (``{}``, a list, a step as text, a short
+    random state): restoring it would fail deep in torch or numpy. ``require``: fields that must
+    be there (:data:`RESUME_FIELDS` for a resume)."""
+    def bad(field: str, why: str) -> CheckpointError:
+        return CheckpointError(f"{path}: field {field!r} {why}; the checkpoint is damaged or not tracerl's: "
+                               "restore it or start a new run")
+
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a trainer state; the checkpoint is "
+                              "damaged or not tracerl's: restore it or start a new run")
+    for name, kind in _STATE_FIELDS.items():
+        if name not in state:
+            if name in require:
+                raise bad(name, "is missing")
+            continue
+        value = state[name]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise bad(name, f"is a {type(value).__name__}")
+        if isinstance(value, int) and value < 0:
+            raise bad(name, "is negative")
+    for name in ("totals", "nonfinite", "tool_health"):
+        counts = state.get(name, {})
+        if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in counts.items()):
+            raise bad(name, "must map names to integers")
+    if "rng" in state:
+        _check_rng(state["rng"], bad)
+
+
+def _check_rng(rng: dict[str, Any], bad: Callable[[str, str], CheckpointError]) -> None:
+    """The random states have the sizes the generators take (a 3-byte torch state fails in C++)."""
+    py, npy = rng.get("python"), rng.get("numpy")
+    if not (isinstance(py, dict) and isinstance(py.get("version"), int) and isinstance(py.get("state"), list)
+            and len(py["state"]) == 625 and all(isinstance(x, int) for x in py["state"])
+            and (py.get("gauss") is None or isinstance(py.get("gauss"), float))):
+        raise bad("rng.python", "is not a Python random state (version, 625 integers, gauss)")
+    key = npy.get("key") if isinstance(npy, dict) else None
+    if not (isinstance(npy, dict) and npy.get("bit_generator") == "MT19937" and isinstance(key, torch.Tensor)
+            and tuple(key.shape) == (624,) and isinstance(npy.get("pos"), int) and 0 <= npy["pos"] <= 624
+            and isinstance(npy.get("has_gauss"), int) and isinstance(npy.get("gauss"), float)):
+        raise bad("rng.numpy", "is not a numpy MT19937 state (key of 624, pos, has_gauss, gauss)")
+    size = torch.get_rng_state().numel()
+    for name in ("torch", "sampling"):
+        value = rng.get(name)
+        if not (isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
+                and (value.numel() == size or (name == "sampling" and value.numel() == 16))):
+            raise bad(f"rng.{name}", f"is not a torch generator state ({size} bytes)")
+    cuda = rng.get("cuda")
+    if cuda is not None and not (isinstance(cuda, list) and all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8
+                                                                for t in cuda)):
+        raise bad("rng.cuda", "is not a list of CUDA generator states")
+
+
+def model_load_error(err: Exception, folder: str | Path, consequence: str) -> Exception:
+    """The one-line :class:`CheckpointError` for a model folder that does not load (a ``config.json``
+    that does not match its weights, a tokenizer file that does not parse): transformers raises
+    ``RuntimeError``, its config validation its own class, naming neither file nor fix. Out of
+    memory is returned as it is (not damage: the machine is too small)."""
+    if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
+        return err
+    why = " ".join(str(err).split())[:200] or type(err).__name__
+    return CheckpointError(f"{folder} does not load as a model ({type(err).__name__}: {why}); it is damaged or its "
+                           f"config.json does not match its weights: {consequence}")
+
+
+UNSEEN_TEXT = "tracerl probe: zqxjv \u2603 \u0416\u4e2d 12345"
+"""Text no small vocabulary holds whole: a tokenizer must still encode it (through its unknown token)."""
+
+
+def check_tokenizer(tokenizer: Any, folder: str | Path) -> None:
+    """Raise :class:`CheckpointError` when a loaded tokenizer cannot encode unseen text (a word-level
+    ``tokenizer.json`` whose unknown token was removed fails only at the first unseen word, deep in a
+    rollout)."""
+    try:
+        tokenizer.encode(UNSEEN_TEXT, add_special_tokens=False)
+    except Exception as err:  # noqa: BLE001 - the Rust tokenizer raises a bare Exception
+        why = " ".join(str(err).split())[:160] or type(err).__name__
+        raise CheckpointError(f"{folder}: the tokenizer cannot encode text outside its vocabulary ({why}); "
+                              "its tokenizer.json is damaged: restore it") from None
 
 
 def load_policy_into(model: Any, folder: Path) -> None:

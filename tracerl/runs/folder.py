@@ -26,6 +26,7 @@ import socket
 import stat
 from pathlib import Path
 
+from tracerl.envs.bounded import printable
 from tracerl.envs.manifest import fsync_dir, temp_path  # one naming and durability for data and run folders
 
 LOCK_FILE = ".lock"
@@ -40,7 +41,12 @@ _TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
 
 
 class RunFolderError(ValueError):
-    """A run folder is in use, holds another run's state, or is not a run folder (a user error)."""
+    """A run folder is in use, holds another run's state, or is not a run folder (a user error).
+
+    Control characters of a stranger's names or values quoted in the message are escaped."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(printable(message))
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -154,6 +160,8 @@ class RunLock:
                 gc.collect()
             if not self._try_lock():
                 raise RunFolderError(self._conflict_message())
+        if os.fstat(self._fd).st_nlink > 1:  # type: ignore[arg-type]
+            self._fresh_lock_file()
         fd = self._fd
         assert fd is not None
         os.ftruncate(fd, 0)
@@ -178,6 +186,26 @@ class RunLock:
             return False
         self._fd = fd
         return True
+
+    def _fresh_lock_file(self) -> None:
+        """Move the lock to a new file of its own when ``.lock`` is a hard link (``st_nlink > 1``).
+
+        Writing the holder's record into a hard-linked ``.lock`` would overwrite the other name's
+        file, which may lie outside the run folder. The new file is locked before it replaces
+        ``.lock``, and the old one is unlocked only after, so the folder is never unlocked in
+        between: a process that opened the old file finds it locked (and gives up), one that
+        opens the new name finds that locked too. The other name's file is left as it was.
+        """
+        tmp = temp_path(self.path)
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a file nobody else has opened: cannot fail
+        os.replace(tmp, self.path)
+        old, self._fd = self._fd, fd
+        assert old is not None
+        fcntl.flock(old, fcntl.LOCK_UN)
+        os.close(old)
+        fsync_dir(self.path.parent)
 
     def _holder(self) -> dict[str, object]:
         try:

@@ -20,10 +20,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tracerl.envs.bounded import loads_json, read_limited
 from tracerl.runs.checkpoint import fsync_tree
 from tracerl.runs.folder import RunFolderError, fsync_dir, temp_path, write_atomic
 
 REFERENCE_FILE = "reference.json"
+MAX_REFERENCE_BYTES = 1 << 20
+"""Largest ``reference.json`` read (one path and a fingerprint of a few hundred bytes per file)."""
 
 
 def is_referable(name_or_path: str) -> bool:
@@ -73,10 +76,10 @@ def initial_source(initial: Path) -> str:
     if not ref.is_file():
         return str(initial)
     try:
-        record = json.loads(ref.read_text())
-        source, expected = Path(record["path"]), record["fingerprint"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        record = loads_json(read_limited(ref, MAX_REFERENCE_BYTES, "reference file"))
+    except (OSError, ValueError) as err:
         raise RunFolderError(f"{ref} is damaged ({type(err).__name__}); the run cannot be resumed") from None
+    source, expected = _checked_reference(record, ref)
     if not (source / "config.json").is_file():
         raise RunFolderError(f"the base model of this run, {source} (named in {ref}), is gone; "
                              "put it back at that path to resume")
@@ -87,6 +90,29 @@ def initial_source(initial: Path) -> str:
                              f"started ({', '.join(changed)}); the frozen reference would differ, so the run "
                              "cannot be resumed: restore the folder or start a new run")
     return str(source)
+
+
+def _checked_reference(record: Any, ref: Path) -> tuple[Path, dict[str, Any]]:
+    """``(path, fingerprint)`` of a reference record, each field's type checked (a crafted file
+    would otherwise fail deep in the comparison); :class:`RunFolderError` names the field."""
+    def bad(field: str, what: str) -> RunFolderError:
+        return RunFolderError(f"{ref}: field {field!r} must be {what}; the file is damaged, so the run cannot "
+                              "be resumed")
+
+    if not isinstance(record, dict):
+        raise RunFolderError(f"{ref} must hold a JSON object; the file is damaged, so the run cannot be resumed")
+    if not isinstance(record.get("path"), str) or not record["path"]:
+        raise bad("path", "a folder path (a string)")
+    expected = record.get("fingerprint")
+    if not isinstance(expected, dict):
+        raise bad("fingerprint", "an object")
+    if not isinstance(expected.get("config_sha256"), str):
+        raise bad("fingerprint.config_sha256", "a string")
+    files = expected.get("files")
+    if not isinstance(files, dict) or not all(
+            isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v) for v in files.values()):
+        raise bad("fingerprint.files", "an object of [size, mtime_ns] integer pairs")
+    return Path(record["path"]), expected
 
 
 def _changed(found: dict[str, Any], expected: dict[str, Any]) -> list[str]:

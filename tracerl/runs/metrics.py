@@ -16,6 +16,8 @@ from tracerl.runs.folder import fsync_dir, write_atomic
 METRICS_FILE = "metrics.jsonl"
 MAX_METRICS_LINE = 1 * MiB
 """Longest step record read back (a record is ~1 KB): a longer line is damage, not a step."""
+MAX_METRIC_KEYS = 4096
+"""Most distinct keys a metrics file may hold across its lines (a run writes a few hundred)."""
 
 
 def _clean(value: Any) -> Any:
@@ -155,7 +157,8 @@ def parse_metrics(path: Path, *, warn: bool = False) -> list[dict[str, Any]]:
                 tail = (number, raw)
             elif raw.strip():
                 lines.append((number, raw))
-    records = []
+    records: list[dict[str, Any]] = []
+    keys: set[str] = set()
     for index, (number, raw) in enumerate(lines):
         record = _parse_line(raw)
         if record is None:
@@ -163,10 +166,23 @@ def parse_metrics(path: Path, *, warn: bool = False) -> list[dict[str, Any]]:
                 raise ValueError(f"{path}:{number}: not a JSON step record; the file is damaged")
             _warn_torn(path, number, warn)
             continue
+        step = record["step"]
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"{path}:{number}: field 'step' must be a non-negative integer, got "
+                             f"{type(step).__name__ if not isinstance(step, (int, float)) else _short(step)}; "
+                             "the file is damaged")
+        keys.update(record)
+        if len(keys) > MAX_METRIC_KEYS:  # memory: a crafted file of many distinct keys, each line under the cap
+            raise ValueError(f"{path}:{number}: more than {MAX_METRIC_KEYS} distinct metric keys in the file "
+                             "(a tracerl run writes a few hundred); the file is not one tracerl wrote")
         records.append(record)
     if tail is not None and tail[1].strip():  # an append cut before its newline, even if the JSON parses
         _warn_torn(path, tail[0], warn)
     return records
+
+
+def _short(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else ("a huge integer" if abs(value) > 10**18 else str(value))
 
 
 def _parse_line(raw: bytes) -> dict[str, Any] | None:

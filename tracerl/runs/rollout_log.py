@@ -51,6 +51,7 @@ from tracerl.core.advantages import AdvantageBatch, AdvantageOptions
 from tracerl.core.credit import prefix_values
 from tracerl.core.tree_advantages import trajectory_turn_credit, tree_outcome_turn_advantages
 from tracerl.core.types import Node, RolloutTree, Task, Trajectory
+from tracerl.envs.bounded import open_regular
 from tracerl.errors import UserError
 from tracerl.runs.folder import remove_stale_temps, write_atomic
 
@@ -101,8 +102,8 @@ def record_lines(path: Path, *, max_line: int = MAX_LINE_BYTES,
     named in the error). Errors are :class:`RolloutRecordError` naming ``file:line``."""
     refuse_link(path, "rollout records are read")
     total, number = 0, 0
-    try:
-        with gzip.open(path, "rb") as handle:
+    try:  # checked as a regular file before it is opened: a FIFO would block the open
+        with open_regular(path) as raw_file, gzip.GzipFile(fileobj=raw_file, mode="rb") as handle:
             while raw := handle.readline(max_line + 1):
                 number, total = number + 1, total + len(raw)
                 if len(raw) > max_line:
@@ -113,6 +114,8 @@ def record_lines(path: Path, *, max_line: int = MAX_LINE_BYTES,
                                              "(rollout_log.MAX_FILE_BYTES); the file is not one tracerl wrote")
                 if raw.strip():
                     yield number, _parse(path, number, raw)
+    except UserError as err:  # not a regular file
+        raise RolloutRecordError(str(err)) from None
     except (OSError, EOFError, zlib.error) as err:
         raise RolloutRecordError(f"{path}:{number + 1}: damaged gzip ({type(err).__name__}); "
                                  "rerun the step or delete the file") from None

@@ -9,14 +9,23 @@ format :mod:`tracerl.runs.checkpoint`'s; the training step is :mod:`tracerl.trai
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tracerl.envs.bounded import read_limited
 from tracerl.errors import UserError
 from tracerl.testbed.loading import load_model
 from tracerl.models.threads import set_threads
 from tracerl.runs.checkpoint import (
     LATEST,
+    RESUME_FIELDS,
+    CheckpointError,
+    check_tokenizer,
+    check_trainer_state,
+    model_load_error,
     RngState,
     first_nonfinite,
     latest_checkpoint,
@@ -47,6 +56,47 @@ class NonFiniteTrainingError(UserError, RuntimeError):
 
     A :class:`~tracerl.errors.UserError` (the fix is a setting: the learning rate, the rewards), so
     the command line prints its one line; still a ``RuntimeError`` for code that catches that."""
+
+
+@contextmanager
+def restoring(path: Path, field: str) -> Iterator[None]:
+    """Turn a failure to restore one part of ``trainer.pt`` into one :class:`CheckpointError` line
+    naming the file and the field (torch and numpy raise from deep inside, naming neither)."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (RuntimeError, TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as err:
+        why = " ".join(str(err).split())[:160] or type(err).__name__
+        raise CheckpointError(f"{path}: field {field!r} does not fit this run ({type(err).__name__}: {why}); "
+                              "the checkpoint is damaged or not this run's: restore it or start a new run") from None
+
+
+def check_optimizer_shapes(optimizer: Any) -> None:
+    """Raise ``ValueError`` when a loaded optimiser state tensor (AdamW's moments) does not have its
+    parameter's shape: ``load_state_dict`` checks only group sizes, so the first step would fail."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for name, value in optimizer.state.get(param, {}).items():
+                if hasattr(value, "shape") and value.dim() > 0 and tuple(value.shape) != tuple(param.shape):
+                    raise ValueError(f"state {name!r} has shape {tuple(value.shape)}, its parameter "
+                                     f"{tuple(param.shape)}")
+
+
+def refuse_foreign_config(path: Path, text: bytes) -> None:
+    """Refuse a fresh start over a ``config.yaml`` that is not the one it would write (the user's
+    own file, say): the run would silently overwrite it. An identical file is no loss."""
+    if not os.path.lexists(path):
+        return
+    if os.path.isfile(path) and not os.path.islink(path):
+        try:
+            if read_limited(path, len(text), "config file") == text:
+                return
+        except (OSError, ValueError):
+            pass
+    raise RunFolderError(f"{path} already exists and is not this run's config; a fresh start writes its resolved "
+                         f"config there: move your file out of {path.parent} (and give it with --config), "
+                         "or choose another --out")
 
 
 class RunLifecycle:
@@ -86,6 +136,8 @@ class RunLifecycle:
         """Lock the folder, clear temporaries, check its state; the checkpoint to resume from."""
         self._created_dir = not self.run_dir.exists()
         check_run_folder(self.run_dir)  # no link inside may lead a write or a delete outside it
+        if not resume:  # before the lock file is created: a refused start leaves the folder as it was
+            refuse_foreign_config(self.run_dir / "config.yaml", config_to_yaml(self.config).encode())
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock = RunLock(self.run_dir)
         try:
@@ -96,7 +148,10 @@ class RunLifecycle:
             elif folder is None:  # killed before the first checkpoint: nothing trained survives
                 discard_partial_run(self.run_dir)
             if folder is None:
-                write_atomic(self.run_dir / "config.yaml", config_to_yaml(self.config).encode())
+                text = config_to_yaml(self.config).encode()
+                if not resume:
+                    refuse_foreign_config(self.run_dir / "config.yaml", text)
+                write_atomic(self.run_dir / "config.yaml", text)
             elif not has_initial(self.run_dir / INITIAL):
                 raise RunFolderError(f"{self.run_dir / INITIAL} is missing: the frozen reference of this run "
                                      "cannot be rebuilt, so it cannot be resumed")
@@ -118,10 +173,11 @@ class RunLifecycle:
         if self.resume_from is not None:
             source = initial_source(initial)  # a vanished or changed referenced base model is named here
             try:
-                return load_model(source, dtype=cfg.model.dtype, device=device)
-            except (OSError, ValueError) as err:
-                raise RunFolderError(f"{source} is damaged ({type(err).__name__}: {err}); "
-                                     "the run cannot be resumed") from None
+                model, tokenizer = load_model(source, dtype=cfg.model.dtype, device=device)
+            except Exception as err:  # noqa: BLE001 - a stranger's folder fails in any way; memory errors excepted
+                raise model_load_error(err, source, "the run cannot be resumed") from None
+            check_tokenizer(tokenizer, source)
+            return model, tokenizer
         vocab = None
         if cfg.model.name_or_path == "random-tiny":
             from tracerl.envs.coverage import tool_texts
@@ -172,24 +228,36 @@ class RunLifecycle:
 
     def _restore(self, folder: Path) -> None:
         load_policy_into(self.model, folder)
-        state = load_trainer_state(folder)
+        state = load_trainer_state(folder)  # checked field by field (runs/checkpoint.py)
+        path = folder / "trainer.pt"
+        check_trainer_state(state, path, require=RESUME_FIELDS)
         if state["optimizer"] is None or self.driver is not None:  # written or read by sharded training
             from tracerl.runs.sharded import load_sharded_state  # the sharded path only
 
             load_sharded_state(folder, self.model, self.optimizer, self.driver)
         else:
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+            with restoring(path, "optimizer"):
+                self.optimizer.load_state_dict(state["optimizer"])
+                check_optimizer_shapes(self.optimizer)
+        with restoring(path, "scheduler"):
+            self.scheduler.load_state_dict(state["scheduler"])
+            if not isinstance(self.scheduler.last_epoch, int) or isinstance(self.scheduler.last_epoch, bool):
+                raise TypeError("last_epoch is not an integer")
         if self.predictor is not None and state["predictor"] is not None:
-            self.predictor.load_state_dict(state["predictor"])
+            with restoring(path, "predictor"):
+                self.predictor.load_state_dict(state["predictor"])
         if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+            with restoring(path, "scaler"):
+                self.scaler.load_state_dict(state["scaler"])
         self.step_index, self.cursor, self.totals = state["step"], state["cursor"], state["totals"]
         self.nonfinite = dict(state.get("nonfinite", self.nonfinite))
-        RngState.from_dict(state["rng"]).restore(self.generator)
-        self.tool_health.load_state_dict(state.get("tool_health", {}))
+        with restoring(path, "rng"):
+            RngState.from_dict(state["rng"]).restore(self.generator)
+        with restoring(path, "tool_health"):
+            self.tool_health.load_state_dict(state.get("tool_health", {}))
         self.executor.load_eval_state({"trees_started": state.get("eval_trees_started", 0)})
-        self.divergence.load_state_dict(state.get("divergence", {}))
+        with restoring(path, "divergence"):
+            self.divergence.load_state_dict(state.get("divergence", {}))
         self.executor.sync_weights(self.model, self.step_index)  # the backend samples from the loaded weights
         self.log.truncate_after(self.step_index)
         self.rollout_log.truncate_after(self.step_index)
