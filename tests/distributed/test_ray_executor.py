@@ -297,6 +297,35 @@ def test_unplaceable_workers_are_refused_in_one_line(run) -> None:
         check_placeable({"CPU": 2.0}, 6, ray.cluster_resources())
 
 
+def test_the_broadcast_sync_has_a_group_of_its_own_rebuilt_when_a_worker_is_replaced(run) -> None:
+    """rollout.weight_sync = nccl, exercised with gloo on the CPU: the driver already holds a default
+    process group (as an FSDP driver does), the weights go by broadcast in a group of their own,
+    and a worker killed while idle is replaced and a new generation of the group made with it."""
+    import torch.distributed as dist
+    from dataclasses import replace
+
+    config, folder, _ = run
+    spec = worker_spec(resolve_config("trace", smoke="random", overrides=OVERRIDES + ["rollout.workers=2"]), folder)
+    spec = replace(spec, config={**spec.config, "rollout": {**spec.config["rollout"], "weight_sync": "nccl"}})
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    ex = RayExecutor(spec)
+    try:
+        tok = bpe_tokenizer()
+        for version, seed in ((1, 21), (2, 22)):
+            model = tiny_model(len(tok), seed=seed)
+            ex.sync_weights(model, version)
+            for actor in ex.actors:
+                params = ray.get(actor.parameters.remote())
+                assert all(torch.equal(params[k], v) for k, v in model.state_dict().items())
+            if version == 1:
+                assert ex.generation == 1
+                os.kill(ray.get(ex.actors[1].pid.remote()), signal.SIGKILL)
+        assert ex.generation == 2 and ex.take_metrics()["worker_failures"] == 1
+    finally:
+        ex.close()
+        dist.destroy_process_group()
+
+
 def test_a_worker_that_cannot_read_a_path_refuses_in_one_line(run) -> None:
     """A node without the run's files (here: a corpus path no node has): the worker builds nothing,
     the executor stops in one line naming the worker, its node and the path, and frees its bundles."""

@@ -61,7 +61,7 @@ from tracerl.core.types import RolloutTree
 from tracerl.errors import UserError
 from tracerl.rollout.placement import imbalance, place
 from tracerl.rollout.ray_worker import RolloutWorker, with_absolute_paths
-from tracerl.rollout.weight_sync import bucket_bytes, pack
+from tracerl.rollout.weight_sync import broadcast, bucket_bytes, pack, sync_group, sync_store
 from tracerl.rollout.worker_spec import WorkerSpec
 
 ScoreFn = Callable[[Sequence[ScoreRequest]], ScoreResult]
@@ -130,8 +130,11 @@ class RayExecutor:
         self.load = [0.0] * self.n  # planned rollouts of the live trees, per worker
         self._step_work = [0.0] * self.n  # rollouts requested this step, per worker (worker_imbalance)
         self._metrics: dict[str, float] = {}
+        self._group: Any = None  # nccl: the weight-sync process group (its own, not the default group)
         if self.weight_sync == "nccl":
-            self._join_nccl()
+            self._store = sync_store(ray.util.get_node_ip_address(), 0, self.timeout, serve=True)
+            self.generation = 0
+            self._join_group()
 
     # --- the protocol ----------------------------------------------------------------------
 
@@ -224,12 +227,14 @@ class RayExecutor:
         the update) is replaced here, like a worker that fails a request."""
         clock = time.perf_counter()
         self._source, self.version = weights, int(version)  # what a replacement is streamed
-        sent, failed = self._stream(list(range(len(self.actors))))
+        if self.weight_sync == "nccl":  # a broadcast waits for every member: replace the dead first
+            for w, err in self._dead().items():
+                self._replace(w, err)
+        sent, failed = self._stream(list(range(len(self.actors))), self.weight_sync)
         for w, err in failed.items():  # a worker that died while idle fails here: replace it
             if self.weight_sync == "nccl":
-                raise WorkerLostError(f"rollout worker w{w} failed during a weight sync and a replacement "
-                                      f"cannot join the nccl group (last error: {_one_line(err)}); use "
-                                      "rollout.weight_sync=object_store to have workers replaced") from None
+                raise WorkerLostError(f"rollout worker w{w} failed during a weight broadcast, which the other "
+                                      f"members cannot finish without it (last error: {_one_line(err)})") from None
             self._replace(w, err)  # the replacement takes these weights and re-adopts its trees
         self._add("time_sync_weights", time.perf_counter() - clock)
         self._add("sync_bytes", float(sent))
@@ -244,21 +249,19 @@ class RayExecutor:
         else:
             yield from weight_buckets(self._source, self.bucket_bytes, self.sync_dtype)
 
-    def _stream(self, workers: Sequence[int]) -> tuple[int, dict[int, BaseException]]:
-        """Stream the last weights to ``workers``: bytes sent (once per bucket) and the workers
-        that failed (dead or silent past the timeout), which get nothing more."""
+    def _stream(self, workers: Sequence[int], mode: str) -> tuple[int, dict[int, BaseException]]:
+        """Stream the last weights to ``workers`` by ``mode`` (``nccl``: all of them, the group's
+        members): bytes sent (once per bucket) and the workers that failed (dead or silent past the
+        timeout), which get nothing more."""
         failed: dict[int, BaseException] = {}
         window: deque[tuple[Any, dict[int, Any]]] = deque()  # (bucket, calls) in flight: two at most
         sent = 0
         for bucket in self._buckets():
-            payload = ray.put(pack([bucket], self.weight_sync))  # one copy in this node's object store
-            keep = bucket if self.weight_sync == "cuda_ipc" else None  # handles: the tensors must outlive the loads
-            window.append((keep, {w: self.actors[w].load.remote(payload, self.weight_sync)
-                                  for w in workers if w not in failed}))
-            if self.weight_sync == "nccl":
-                from tracerl.rollout.weight_sync import broadcast
-
-                broadcast([bucket])
+            payload = ray.put(pack([bucket], mode))  # one copy in this node's object store
+            keep = bucket if mode == "cuda_ipc" else None  # handles: the tensors must outlive the loads
+            window.append((keep, {w: self.actors[w].load.remote(payload, mode) for w in workers if w not in failed}))
+            if mode == "nccl":
+                broadcast([bucket], self._group)
             sent += bucket_bytes([bucket])
             del bucket, keep, payload  # object_store: the object store's copy is all that stays
             if len(window) > 1:
@@ -335,6 +338,7 @@ class RayExecutor:
         if self._closed:
             return
         self._closed = True
+        self._group = self._store = None  # nccl: the weight-sync group and its store go with the workers
         for actor in self.actors:
             ray.kill(actor)
         remove_placement_group(self.group)
@@ -432,10 +436,6 @@ class RayExecutor:
     def _replace(self, w: int, err: BaseException) -> None:
         """Worker ``w`` failed: a fresh actor in its bundle with the last weights and its trees."""
         self._add("worker_failures", 1.0)
-        if self.weight_sync == "nccl":  # a new process cannot join the group the others are in
-            raise WorkerLostError(f"rollout worker w{w} failed ({_one_line(err)}) and a replacement cannot join "
-                                  "the nccl weight-sync group; use rollout.weight_sync=object_store to have "
-                                  "workers replaced")
         owned = sorted(t for t, task in self.tasks.items() if self.owner.get(task["id"]) == w)
         while True:
             self.restarts[w] += 1
@@ -447,10 +447,12 @@ class RayExecutor:
             self.actors[w] = self._spawn(w)
             try:
                 ray.get(self.actors[w].pid.remote(), timeout=self.build_timeout)
-                if self._source is not None:  # streamed the last weights, like every worker was
-                    _, failed = self._stream([w])
+                if self._source is not None:  # the last weights (nccl: through the object store, alone)
+                    _, failed = self._stream([w], "object_store" if self.weight_sync == "nccl" else self.weight_sync)
                     if failed:
                         raise failed[w]
+                if self.weight_sync == "nccl":  # a new generation of the group, the replacement in it
+                    self._join_group()
                 adopt = [self._adopt_request(t) for t in owned if t in self.trees]
                 if adopt:
                     ray.get(self.actors[w].call.remote("adopt", adopt), timeout=self.build_timeout)
@@ -465,14 +467,29 @@ class RayExecutor:
         branches = {str(k): v for k, v in sorted(self.branches.get(tree_id, {}).items())}
         return AdoptRequest(self.tasks[tree_id], tree_delta(self.trees[tree_id]), branches)
 
-    def _join_nccl(self) -> None:
-        import torch.distributed as dist
-
-        address = f"tcp://{ray.util.get_node_ip_address()}:{29500 + os.getpid() % 1000}"
-        world = len(self.actors) + 1
-        pending = [a.join_group.remote(address, world, i + 1) for i, a in enumerate(self.actors)]
-        dist.init_process_group("nccl", init_method=address, world_size=world, rank=0)
+    def _join_group(self) -> None:
+        """Every worker and this driver join a new generation of the weight-sync group (at start,
+        and after a replacement: a new process cannot join a group already made)."""
+        self.generation += 1
+        backend = "nccl" if str(self.spec.config["model"].get("device", "cpu")).startswith("cuda") else "gloo"
+        host, port, world = ray.util.get_node_ip_address(), self._store.port, len(self.actors) + 1
+        pending = [a.join_group.remote(host, port, self.generation, world, i + 1, backend, self.timeout)
+                   for i, a in enumerate(self.actors)]
+        self._group = None
+        self._group = sync_group(self._store, backend, self.generation, 0, world, self.timeout)
         ray.get(pending, timeout=self.timeout)
+
+    def _dead(self) -> dict[int, BaseException]:
+        """Workers that do not answer a ping (died while idle), with the error."""
+        out: dict[int, BaseException] = {}
+        refs = [a.pid.remote() for a in self.actors]
+        deadline = time.monotonic() + self.timeout
+        for w, ref in enumerate(refs):
+            try:
+                ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except _FAULTS as err:
+                out[w] = err
+        return out
 
     def _add(self, key: str, value: float) -> None:
         self._metrics[key] = self._metrics.get(key, 0.0) + value

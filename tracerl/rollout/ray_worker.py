@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from tracerl.errors import one_line
-from tracerl.rollout.weight_sync import unpack
+from tracerl.rollout.weight_sync import sync_group, sync_store, unpack
 from tracerl.rollout.worker_spec import WorkerSpec
 
 DATA_PATHS = ("tasks", "corpus", "eval_tasks")
@@ -76,6 +76,8 @@ class RolloutWorker:
                 self._refusal = line
         self.where = f"{spec.worker} on {socket.gethostname()}"
         self.weight_sync = weight_sync
+        self._store: Any = None  # the driver's weight-sync store (nccl), once joined
+        self._group: Any = None
         self.device = str(spec.config["model"].get("device", "cpu"))
         self._die_in: str | None = None
         self._hang_in: str | None = None
@@ -90,7 +92,7 @@ class RolloutWorker:
     def load(self, payload: Any, mode: str) -> int:
         """One streamed part of a weight sync (the version stays until :meth:`end_sync`); the number
         of tensors loaded."""
-        buckets = unpack(payload, mode, self.device)
+        buckets = unpack(payload, mode, self.device, self._group)
         self.executor.sync_weights(buckets, self.executor.version)
         return sum(len(bucket) for bucket in buckets)
 
@@ -98,11 +100,14 @@ class RolloutWorker:
         """Every part is loaded: the weights are ``version`` (prefix caches cleared again)."""
         self.executor.sync_weights([], version)
 
-    def join_group(self, address: str, world: int, rank: int) -> None:
-        """Join the ``nccl`` weight-sync group (the driver is rank 0)."""
-        import torch.distributed as dist
-
-        dist.init_process_group("nccl", init_method=address, world_size=world, rank=rank)
+    def join_group(self, host: str, port: int, generation: int, world: int, rank: int, backend: str,
+                   timeout_s: float) -> None:
+        """Join generation ``generation`` of the weight-sync group (the driver is rank 0); the
+        previous generation is dropped."""
+        if self._store is None:
+            self._store = sync_store(host, port, timeout_s)
+        self._group = None
+        self._group = sync_group(self._store, backend, generation, rank, world, timeout_s)
 
     def parameters(self) -> dict[str, Any]:
         """The backend model's state (tests compare it with the trainer's)."""

@@ -11,15 +11,19 @@ and every worker ends with :meth:`LocalExecutor.sync_weights` on buckets. A mode
 - ``cuda_ipc``: CUDA IPC handles of the driver's tensors (``torch.multiprocessing``'s reduction);
   a worker on the same node maps them without a copy through the host. The driver keeps each
   bucket alive until every worker has loaded it.
-- ``nccl``: names, shapes and dtypes only; the tensors follow by ``torch.distributed.broadcast``
-  from the driver (rank 0) in a group the executor sets up with its workers.
+- ``nccl``: names, shapes and dtypes only; the tensors follow by broadcast from the driver
+  (rank 0) in a process group of its own with the workers (:func:`sync_group`: made on a store
+  the executor hosts, never the default group, so it sits beside an FSDP driver's group). A
+  replaced worker gets the weights through the object store, then every worker joins a new
+  generation of the group. NCCL on CUDA; the same code runs gloo on the CPU (the tests).
 
-``cuda_ipc`` and ``nccl`` are refused off CUDA at config load; neither has been run yet.
+``cuda_ipc`` and ``nccl`` are refused off CUDA at config load; neither has run on a GPU yet.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -45,33 +49,55 @@ def pack(buckets: list[Bucket], mode: str) -> Any:
     raise ValueError(f"unknown weight sync mode {mode!r}")
 
 
-def unpack(payload: Any, mode: str, device: str = "cpu") -> list[Bucket]:
+def unpack(payload: Any, mode: str, device: str = "cpu", group: Any = None) -> list[Bucket]:
     """The worker's half: buckets from :func:`pack`'s payload (``nccl``: received by broadcast
-    from rank 0 of the default process group, in payload order)."""
+    from rank 0 of ``group``, in payload order)."""
     if mode == "object_store":
         return payload
     if mode == "cuda_ipc":
         return [[(n, rebuild(*args)) for n, (rebuild, args) in bucket] for bucket in payload]
     if mode == "nccl":
-        import torch.distributed as dist
-
+        if group is None:
+            raise RuntimeError("weight sync 'nccl': this worker has not joined the weight-sync group")
         out = []
         for bucket in payload:
             received = []
             for name, (shape, dtype) in bucket:
                 tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
-                dist.broadcast(tensor, src=0)
+                group.broadcast(tensor, 0).wait()
                 received.append((name, tensor))
             out.append(received)
         return out
     raise ValueError(f"unknown weight sync mode {mode!r}")
 
 
-def broadcast(buckets: list[Bucket]) -> None:
-    """The driver's side of ``nccl``: each tensor from rank 0, in bucket order (the workers'
-    :func:`unpack` receives them in the same order)."""
-    import torch.distributed as dist
-
+def broadcast(buckets: list[Bucket], group: Any) -> None:
+    """The driver's side of ``nccl``: each tensor from rank 0 of ``group``, in bucket order (the
+    workers' :func:`unpack` receives them in the same order)."""
     for bucket in buckets:
         for _, tensor in bucket:
-            dist.broadcast(tensor.detach().contiguous(), src=0)
+            group.broadcast(tensor.detach().contiguous(), 0).wait()
+
+
+def sync_store(host: str, port: int, timeout_s: float, *, serve: bool = False) -> Any:
+    """The key-value store the weight-sync group is made on: the driver serves it (``serve``,
+    ``port`` 0 picks a free one: read ``.port``), the workers connect to ``host:port``."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, port, None, serve, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+def sync_group(store: Any, backend: str, generation: int, rank: int, world: int, timeout_s: float) -> Any:
+    """Generation ``generation`` of the weight-sync group: ``world`` members (the driver is rank 0),
+    a process-group object of its own (never the default group). Every member calls it; it
+    returns once all have. ``backend``: ``nccl`` (CUDA tensors) or ``gloo`` (CPU tensors)."""
+    import torch.distributed as dist
+
+    prefix = dist.PrefixStore(f"tracerl-weight-sync/{generation}", store)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(prefix, rank, world, timedelta(seconds=timeout_s))
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timedelta(seconds=timeout_s)
+        return dist.ProcessGroupNCCL(prefix, rank, world, options)
+    raise ValueError(f"unknown weight-sync group backend {backend!r}")
