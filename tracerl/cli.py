@@ -68,7 +68,11 @@ def main(args: list[str] | None = None) -> None:
     A copy started by torchrun (``WORLD_SIZE`` > 1) leaves through
     :func:`tracerl.distributed.launch.leave_rank` once its command has returned.
     """
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    world = os.environ.get("WORLD_SIZE", "1").strip() or "1"
+    if not world.isdigit() or len(world) > 6:  # set by torchrun; anything else is a shell's leftover
+        typer.echo(f"tracerl: WORLD_SIZE = {world[:20]!r} is not a process count; unset it (torchrun sets it)", err=True)
+        sys.exit(2)
+    if int(world) > 1:
         from tracerl.distributed.launch import leave_rank
 
         faulthandler.enable()  # a rank that aborts prints every thread's Python stack

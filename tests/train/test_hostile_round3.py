@@ -321,3 +321,15 @@ def test_a_hostile_chat_template_is_stopped(chat_tok: Any, template: str, timeou
             hostile.render(messages)
     finally:
         chat_tok.chat_template = original
+
+
+def test_a_fresh_start_on_a_live_folder_says_in_use(tmp_path: Path) -> None:
+    from tracerl.runs.folder import refuse_if_state
+
+    (tmp_path / "metrics.jsonl").write_text("")
+    lock = RunLock(tmp_path)
+    with pytest.raises(RunFolderError, match=f"in use by another tracerl process \\(pid {os.getpid()} on host"):
+        refuse_if_state(tmp_path)
+    lock.release()
+    with pytest.raises(RunFolderError, match=r"already holds run state \(metrics.jsonl\)"):
+        refuse_if_state(tmp_path)

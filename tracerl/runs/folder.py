@@ -97,7 +97,10 @@ def check_run_folder(run_dir: Path) -> None:
 
 
 def _check_entry(path: Path) -> None:
-    mode = os.lstat(path).st_mode
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:  # removed while walked (a live run pruning a checkpoint): nothing to refuse
+        return
     if stat.S_ISLNK(mode):
         raise RunFolderError(f"{path} is a symbolic link; a run folder must hold its own files "
                              "(a link could make a run write or delete files outside it): remove the link")
@@ -105,12 +108,43 @@ def _check_entry(path: Path) -> None:
         raise RunFolderError(f"{path} is not a regular file or folder (a FIFO, device or socket); remove it")
 
 
-def refuse_if_state(run_dir: Path) -> None:
-    """Raise :class:`RunFolderError` naming what is there when ``run_dir`` already holds a run."""
+def refuse_if_state(run_dir: Path, *, holding_lock: bool = False) -> None:
+    """Raise :class:`RunFolderError` naming what is there when ``run_dir`` already holds a run
+    (naming the holder when a live run holds it: its state may be changing under our eyes).
+    ``holding_lock``: the caller holds the lock itself (no other process can)."""
+    holder = None if holding_lock else live_holder(run_dir)
+    if holder is not None:
+        raise RunFolderError(f"{run_dir} is in use by another tracerl process ({holder}); wait for it to end "
+                             "or choose another --out")
     found = run_state(run_dir)
     if found:
         raise RunFolderError(f"{run_dir} already holds run state ({', '.join(found)}); "
                              f"continue it with --resume {run_dir}, or choose another --out")
+
+
+def live_holder(run_dir: Path) -> str | None:
+    """``pid N on host H`` when a process holds ``run_dir``'s lock now, else None; takes nothing
+    (a shared, non-blocking probe of a regular ``.lock``, opened without following links)."""
+    try:
+        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = json.loads(os.read(fd, 4096) or b"{}")
+            except (OSError, ValueError, RecursionError):
+                holder = {}
+            holder = holder if isinstance(holder, dict) else {}
+            return f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def pid_alive(pid: int) -> bool:

@@ -144,7 +144,7 @@ class RunLifecycle:
             remove_stale_temps(self.run_dir, holding_lock=True)
             folder = latest_checkpoint(self.run_dir) if resume else None
             if not resume:
-                refuse_if_state(self.run_dir)
+                refuse_if_state(self.run_dir, holding_lock=True)
             elif folder is None:  # killed before the first checkpoint: nothing trained survives
                 discard_partial_run(self.run_dir)
             if folder is None:

@@ -96,7 +96,12 @@ def write_page(path: Path, html: str) -> None:
     """Write one page atomically; a planted entry at the temporary name is removed first, so the
     write never follows a link."""
     temp_path(path).unlink(missing_ok=True)
-    write_atomic(path, html.encode("utf-8"))
+    try:
+        write_atomic(path, html.encode("utf-8"))
+    except OSError as err:  # a full disk fails in write(), which names no file: name the page
+        if err.filename is None:
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from None
+        raise
 
 
 def read_view_metrics(run_dir: Path) -> list[dict[str, Any]]:
