@@ -1,4 +1,5 @@
-"""``tracerl demo``: the embedded default, end to end, in about five minutes on 2 CPU cores.
+"""``tracerl demo``: the embedded default, end to end: 4 minutes of RL plus the evaluations on 2 CPU
+cores (8.8 minutes in all measured on a 2-core machine busy with other jobs, load average about 6).
 
 1. build the SynthWiki worlds (training worlds, an unseen world, a re-drawn-facts world);
 2. take the tiny base model shipped in the package (nothing is pretrained; its sha256 is checked);
@@ -41,8 +42,8 @@ DEMO_OVERRIDES: list[str] = [
     "log.checkpoint_every=25",
 ]
 TRAIN_MINUTES = 4.0
-"""RL wall-clock budget: the demo as a whole stays within about five minutes on 2 idle cores (its
-held-out accuracy reached its plateau at the first evaluation, about a minute in, in our runs)."""
+"""RL wall-clock budget, chosen so that with the three evaluations the whole demo aims at about
+five minutes on 2 idle cores (not yet measured idle; see the README's demo table)."""
 FINAL_EVAL_SIZE = 300
 
 
