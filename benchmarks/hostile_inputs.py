@@ -471,6 +471,27 @@ DOUBLING_TEMPLATE = ("{% set s = namespace(x='ab') %}{% for i in range(40) %}{% 
                      "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}")
 
 
+class _Payload:
+    """A pickle that runs a shell command when loaded (what a crafted DCP ``.metadata`` holds)."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (os.system, (f"echo pwned > {self.target}",))
+
+
+def dcp_pickle(work: Path, run: Path) -> list[str]:
+    """A sharded-looking checkpoint whose ``dcp/.metadata`` is a code-running pickle: refused, not run."""
+    import pickle
+
+    _trainer_pt(lambda state: _set(state, optimizer=None))(work, run)
+    dcp = _ckpt(run) / "dcp"
+    dcp.mkdir()
+    (dcp / ".metadata").write_bytes(pickle.dumps(_Payload(work / "outside" / "pwned.txt")))
+    return ["train", "--resume", str(run), "--steps", "2"]
+
+
 def view_many_keys(work: Path, run: Path) -> list[str]:
     path = run / "metrics.jsonl"
     record = json.loads(path.read_text().splitlines()[0])
@@ -579,6 +600,7 @@ CASES = [
     Case("reference_types", "runfolder", reference_types),
     Case("chat_template_loops", "runfolder", _chat_template(LOOP_TEMPLATE)),
     Case("chat_template_doubling", "runfolder", _chat_template(DOUBLING_TEMPLATE)),
+    Case("dcp_pickle", "runfolder", dcp_pickle),
     Case("view_many_keys", "view", view_many_keys),
     Case("tasks_json_dev_zero", "runfolder", tasks_json_dev_zero, needs_run=False),
     Case("tasks_fifo", "runfolder", tasks_fifo, needs_run=False),
