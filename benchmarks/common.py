@@ -187,6 +187,18 @@ def provenance_of(config: Any = None, *, name_or_path: str | None = "tiny", tiny
     return provenance(name_or_path, tiny_preset)
 
 
+def check_one_base_model(paths: list[Path], shards: list[dict[str, Any]]) -> None:
+    """Refuse (``SystemExit`` naming the file) merging shards that started from different base models
+    (the ``provenance`` sha256; a shard without one differs from a shard with one)."""
+    def sha(shard: dict[str, Any]) -> Any:
+        return ((shard.get("provenance") or {}).get("base_model") or {}).get("sha256")
+
+    for path, shard in zip(paths[1:], shards[1:], strict=True):
+        if sha(shard) != sha(shards[0]):
+            raise SystemExit(f"{path}: base model sha256 {sha(shard)} differs from {paths[0]}'s ({sha(shards[0])}); "
+                             "merge shards of one base model")
+
+
 def _cpus() -> int:
     import os
 

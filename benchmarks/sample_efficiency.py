@@ -55,6 +55,7 @@ from common import (
     LEARNABLE_SETTING,
     RESULTS,
     add_config_args,
+    check_one_base_model,
     configure_torch,
     describe_config,
     fresh_dir,
@@ -337,6 +338,7 @@ def merge_shards(paths: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], di
     for path, shard in zip(paths[1:], shards[1:], strict=True):
         if same(shard) != same(shards[0]):
             raise SystemExit(f"{path}: its setting differs from {paths[0]}'s; shards must share one setting")
+    check_one_base_model(paths, shards)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS + ABLATIONS + OPTIONS}
     for path, shard in zip(paths, shards, strict=True):
         for method, rs in shard["runs"].items():
