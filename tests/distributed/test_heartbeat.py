@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.skipif(os.environ.get("TRACERL_DIST_
                                                    reason="multi-process test: run with `make test-dist`")]
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
-TIMEOUT_S = 1.5
+TIMEOUT_S = 3.0  # also the gloo rendezvous and collectives' limit: room for a loaded CI machine
 
 
 def test_rank_0_phases_do_not_count_against_the_timeout_but_a_silent_rank_0_does(tmp_path: Path) -> None:
@@ -28,6 +28,7 @@ def test_rank_0_phases_do_not_count_against_the_timeout_but_a_silent_rank_0_does
     clock = time.monotonic()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     wall = time.monotonic() - clock
+    assert (tmp_path / "rank1.json").is_file(), done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "rank1.json").read_text())
     # rank 0 worked alone for 2.5 x dist.timeout_s: rank 1 waited it out and the collective after it ran
     assert report["seen"] == ["run", "ping"] and report["arg"] == str(tmp_path) and report["sum"] == 2.0
@@ -36,4 +37,4 @@ def test_rank_0_phases_do_not_count_against_the_timeout_but_a_silent_rank_0_does
     assert TIMEOUT_S <= report["lost_after_s"] < 4 * TIMEOUT_S
     assert done.returncode != 0 and wall < 30 * TIMEOUT_S
     lines = [line for line in done.stderr.splitlines() if "rank 0 sent no heartbeat" in line]
-    assert len(lines) == 1 and "(dist.timeout_s = 1.5)" in lines[0], done.stderr[-3000:]
+    assert len(lines) == 1 and "(dist.timeout_s = 3)" in lines[0], done.stderr[-3000:]
