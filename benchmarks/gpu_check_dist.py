@@ -17,6 +17,11 @@ Sections (stable keys in the JSON):
   (torch.multiprocessing), copied there: GB/s of the second push, equal checksums.
 - ``dcp``: the sharded model and its AdamW state saved with torch.distributed.checkpoint and loaded
   into a fresh sharded model: equal weights and optimiser state, seconds, size on disk.
+- ``sync_buckets``: the sharded policy streamed as the Ray weight sync builds it
+  (``weight_buckets`` in bf16, 256 MiB buckets, each parameter gathered and cast as its bucket is
+  built): 2 bytes per parameter, equal to the gathered state cast to bf16, and the GPU's peak
+  memory above the shards while streaming (ok within 3 buckets; a whole bf16 copy would be
+  ``bf16_model_gb``).
 """
 
 from __future__ import annotations
@@ -160,6 +165,32 @@ def check_dcp(device: str, dry: bool, sharded: Any, mesh: Any, work: Path) -> di
             "ok": bool(weights and moments)}
 
 
+def check_sync_buckets(device: str, sharded: Any) -> dict[str, Any]:
+    """Stream the sharded policy's weights as bf16 buckets (what RayExecutor.sync_weights sends)."""
+    from tracerl.distributed.fsdp import full_state_dict
+    from tracerl.models.weights import DEFAULT_BUCKET_BYTES, weight_buckets
+
+    full = {k: v.to(torch.bfloat16) for k, v in full_state_dict(sharded).items()}
+    _peak(device)
+    base = torch.cuda.memory_allocated() / GB if device.startswith("cuda") else None
+    began, sent, count, equal = time.perf_counter(), 0, 0, True
+    for bucket in weight_buckets(sharded, DEFAULT_BUCKET_BYTES, torch.bfloat16):
+        for name, tensor in bucket:
+            sent += tensor.numel() * tensor.element_size()
+            equal = equal and tensor.dtype == torch.bfloat16 and torch.equal(tensor.cpu(), full[name].cpu())
+        count += 1
+        del bucket
+    seconds = time.perf_counter() - began
+    peak = _peak(device)
+    above = None if peak is None or base is None else round(peak - base, 3)
+    parameters = sum(p.numel() for p in sharded.parameters())  # a tied head once, as the buckets send it
+    bounded = above is None or above <= 3 * DEFAULT_BUCKET_BYTES / GB
+    return {"buckets": count, "bytes": sent, "bytes_per_parameter": sent / parameters, "seconds": round(seconds, 3),
+            "peak_above_shards_gb": above, "bucket_gb": round(DEFAULT_BUCKET_BYTES / GB, 3),
+            "bf16_model_gb": round(2 * parameters / GB, 3), "equal_to_gathered": equal,
+            "ok": bool(equal and sent == 2 * parameters and bounded)}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -197,11 +228,14 @@ def main() -> None:
         print(f"ipc: {report['ipc']['ok']} ({report['ipc']['gb_per_s']} GB/s)", flush=True)
         report["dcp"] = check_dcp(device, args.dry_run, sharded, mesh, work)
         print(f"dcp: {report['dcp']['ok']}", flush=True)
+        report["sync_buckets"] = check_sync_buckets(device, sharded)
+        print(f"sync_buckets: {report['sync_buckets']['ok']} ({report['sync_buckets']['bytes_per_parameter']:.0f} "
+              "B/param)", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         dist.destroy_process_group()
     report["seconds"] = round(time.perf_counter() - began, 1)
-    report["ok"] = all(report[s]["ok"] for s in ("fsdp", "ipc", "dcp"))
+    report["ok"] = all(report[s]["ok"] for s in ("fsdp", "ipc", "dcp", "sync_buckets"))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: report[k] for k in ("ok", "seconds")}))
