@@ -34,7 +34,6 @@ rollouts over the mean) and each worker's generated tokens per second.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -60,6 +59,7 @@ from tracerl.core.protocol import (
 from tracerl.core.types import RolloutTree
 from tracerl.errors import UserError
 from tracerl.rollout.placement import imbalance, place
+from tracerl.rollout.ray_cluster import check_placeable, connect, free_resources
 from tracerl.rollout.ray_worker import RolloutWorker, with_absolute_paths
 from tracerl.rollout.weight_sync import broadcast, bucket_bytes, pack, sync_group, sync_store
 from tracerl.rollout.worker_spec import WorkerSpec
@@ -98,7 +98,7 @@ class RayExecutor:
         res = rollout.get("worker_resources", {}) or {}
         self.resources = {"num_cpus": float(res.get("cpus", 1.0)), "num_gpus": float(res.get("gpus", 0.0))}
         scorers = int(rollout.get("scoring_workers", 1)) if self.readiness_on == "scoring_workers" else 0
-        self._owns_cluster = _connect(str(rollout.get("ray_address", "")), (self.n + scorers) * self.resources["num_cpus"])
+        self._owns_cluster = connect(str(rollout.get("ray_address", "")), (self.n + scorers) * self.resources["num_cpus"])
         self._closed = False
         bundle = {k: v for k, v in (("CPU", self.resources["num_cpus"]), ("GPU", self.resources["num_gpus"])) if v > 0}
         check_placeable(bundle, self.n + scorers, ray.cluster_resources())
@@ -108,7 +108,7 @@ class RayExecutor:
         except GetTimeoutError:
             remove_placement_group(self.group)
             raise UserError(f"Ray could not place {self.n + scorers} rollout workers of {bundle} within "
-                            f"rollout.request_timeout_s = {self.timeout:g} s (free now: {_free()}); lower "
+                            f"rollout.request_timeout_s = {self.timeout:g} s (free now: {free_resources()}); lower "
                             "rollout.workers or rollout.worker_resources, or free the cluster") from None
         self.actors = [self._spawn(i) for i in range(self.n + scorers)]
         ray.get([a.pid.remote() for a in self.actors], timeout=self.build_timeout)  # built (model loaded) before step 1
@@ -493,41 +493,6 @@ class RayExecutor:
 
     def _add(self, key: str, value: float) -> None:
         self._metrics[key] = self._metrics.get(key, 0.0) + value
-
-
-def check_placeable(bundle: Mapping[str, float], count: int, total: Mapping[str, float]) -> None:
-    """Refuse, in one line, workers the cluster can never hold: ``count`` bundles of ``bundle``
-    against the cluster's ``total`` resources (``ray.cluster_resources()``). Without this a
-    placement group that cannot be placed waits out ``rollout.request_timeout_s`` (600 s)."""
-    for key, need in bundle.items():
-        have = float(total.get(key, 0.0))
-        if need * count > have:
-            field = "gpus" if key == "GPU" else "cpus"
-            raise UserError(f"rollout.workers = {count} x rollout.worker_resources.{field} = {need:g} needs "
-                            f"{need * count:g} {key}, but the Ray cluster has {have:g} {key} in all; lower one of "
-                            "them or join a cluster that has them (rollout.ray_address)")
-
-
-def _free() -> str:
-    free = ray.available_resources()
-    return ", ".join(f"{k} {free[k]:g}" for k in ("CPU", "GPU") if k in free) or "nothing"
-
-
-def _connect(address: str, cpus: float) -> bool:
-    """Join ``address`` (or the cluster this process is already connected to), or start a local
-    cluster with room for the workers; whether a cluster was started here.
-
-    Without an address a new local cluster is started (``address="local"``): a plain
-    ``ray.init()`` would attach to whatever cluster Ray's ``ray_current_cluster`` file names, a
-    stale or a foreign one, and then refuse the CPU count."""
-    if ray.is_initialized():
-        return False
-    if address:
-        ray.init(address=address, log_to_driver=False)
-        return False
-    ray.init(address="local", num_cpus=max(int(cpus + 0.999), os.cpu_count() or 1), include_dashboard=False,
-             log_to_driver=False)
-    return True
 
 
 def _merge_tool_stats(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
