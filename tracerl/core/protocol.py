@@ -215,9 +215,9 @@ def trajectory_from_record(data: Mapping[str, Any]) -> Trajectory:
 
 # --------------------------------------------------------------------------- routing
 def worker_of(task_id: str, workers: int) -> int:
-    """The worker (of ``workers``) that owns a task's trees: a stable hash of the task id, so a
-    task's ``prompt_states`` and the ``start`` of its trees go to the same worker (whose prefix
-    store then holds the prompt) in every process and run."""
+    """A stable hash of the task id onto ``workers``: the same worker in every process and run.
+    The Ray executor places tasks by planned work instead (:mod:`tracerl.rollout.placement`);
+    this is the baseline that placement is measured against."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     return derive_seed("owner", task_id) % workers

@@ -13,8 +13,8 @@ Calls (trees are addressed by ``tree_id``):
 - ``adopt([AdoptRequest])``: take over trees another executor produced (a restarted worker);
 - ``prompt_states(tasks)``: the policy's hidden state at each prompt's last token, or None
   per prompt when the backend cannot record states (the predictor's ``hidden`` input at stage 1);
-  a distributed executor sends them to the worker that will start those tasks' trees
-  (:func:`~tracerl.core.protocol.worker_of`, a stable hash of the task id);
+  a distributed executor computes them on the worker that will start those tasks' trees (the
+  least-loaded one by planned rollouts, :mod:`tracerl.rollout.placement`);
 - ``score([ScoreRequest])``: the reference readiness of node prefixes -> :class:`ScoreResult`;
 - ``sync_weights(weights, version)``: the backend takes the trainer's new weights (a model, or
   ``(name, tensor)`` buckets, :func:`tracerl.models.weights.weight_buckets`);
