@@ -297,7 +297,7 @@ def model_load_error(err: Exception, folder: str | Path, consequence: str) -> Ex
     memory is returned as it is (not damage: the machine is too small)."""
     if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
         return err
-    why = " ".join(str(err).split())[:200] or type(err).__name__
+    why = " ".join(str(err).replace("For details look at the above report!", "").split())[:200] or type(err).__name__
     return CheckpointError(f"{folder} does not load as a model ({type(err).__name__}: {why}); it is damaged or its "
                            f"config.json does not match its weights: {consequence}")
 

@@ -12,7 +12,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tracerl.runs.checkpoint import CheckpointError, latest_checkpoint, load_policy_into
+from tracerl.runs.checkpoint import (
+    CheckpointError,
+    check_tokenizer,
+    latest_checkpoint,
+    load_policy_into,
+    model_load_error,
+)
 from tracerl.config.schema import TrainConfig
 from tracerl.runs.run_config import read_run_config
 from tracerl.runs.folder import RunFolderError, check_run_folder
@@ -70,15 +76,24 @@ def _load_checkpoint(run_dir: Path, folder: Path, device: str, trust_code: bool)
     policy = folder / "policy"
     if not policy.is_dir():  # else load_model would read the path as a hub name
         raise CheckpointError(f"{policy} is missing")
-    if (policy / "adapter_config.json").is_file():
+    source = initial_source(run_dir / INITIAL) if (policy / "adapter_config.json").is_file() else str(policy)
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a stranger's mismatched folder: the one line below, not the load report
+    try:
+        model, tokenizer = load_model(source, device=device)
+    except Exception as err:  # noqa: BLE001 - a stranger's folder fails in any way; memory errors excepted
+        raise model_load_error(err, source, "evaluate another checkpoint or restore this one") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    check_tokenizer(tokenizer, source)
+    if source != str(policy):  # a LoRA checkpoint: the adapter into the run's base
         from tracerl.models.lora import apply_lora
 
-        model, tokenizer = load_model(initial_source(run_dir / INITIAL), device=device)
         lora = config.model.lora
         model = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
         load_policy_into(model, folder)
-    else:
-        model, tokenizer = load_model(str(policy), device=device)
     model.eval()
     return model, tokenizer, config
 
