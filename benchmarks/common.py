@@ -354,14 +354,24 @@ def markdown_tables(results: Path = RESULTS) -> str:
     if path.exists():
         data = json.loads(path.read_text())
         phases = data["phases"]
-        rows = [[name, *(fmt(m["seconds"].get(p)) for p in phases), fmt(m["step_seconds"]),
-                 fmt(m["ms_per_generated_token"]), fmt(m.get("trained_tokens")),
-                 fmt(m.get("update_ms_per_trained_token"))] for name, m in data["methods"].items()]
+        rows = [[name, m.get("tree_packing", "-"), *(fmt(m["seconds"].get(p)) for p in phases), fmt(m["step_seconds"]),
+                 fmt(m.get("over_grpo")), fmt(m["ms_per_generated_token"]), fmt(m.get("trained_tokens")),
+                 fmt(m.get("update_forward_tokens")), fmt(m.get("update_ms_per_trained_token"))]
+                for name, m in data["methods"].items()]
+        packing = [[preset, fmt(p["update_forward_tokens"]["off"]), fmt(p["update_forward_tokens"]["on"]),
+                    fmt(p["trained_tokens"]["on"]), fmt(p["unique_trained_tokens"]), fmt(p["update_seconds"]["off"]),
+                    fmt(p["update_seconds"]["on"]), fmt(p["update_off_over_on"]), fmt(p["step_over_grpo"]["off"]),
+                    fmt(p["step_over_grpo"]["on"])] for preset, p in data.get("packing", {}).items()]
         parts.append(title("step_overhead", data) + f": trace_over_grpo = {fmt(data['trace_over_grpo'])}, per "
                      f"generated token {fmt(data.get('trace_over_grpo_per_token'))}, scoring + predictor over grpo's "
                      f"step {fmt(data.get('trace_added_phases_over_grpo'))}\n\n"
-                     + table(["method", *phases, "step s", "ms / generated token", "trained tokens / step",
-                               "update ms / trained token"], rows))
+                     + table(["method", "tree packing", *phases, "step s", "x grpo", "ms / generated token",
+                              "trained tokens / step", "tokens forwarded / step", "update ms / trained token"], rows)
+                     + ("\n\nTree packing, each preset both ways in the same rounds (medians; `update off/on` is "
+                        "the median of the per-round ratio)\n\n" + table(
+                            ["preset", "forwarded off", "forwarded on", "trained", "distinct trained", "update s off",
+                             "update s on", "update off/on", "step x grpo off", "step x grpo on"], packing)
+                        if packing else ""))
     path = results / "tree_savings.json"
     if path.exists():
         data = json.loads(path.read_text())
