@@ -46,6 +46,7 @@ from common import (
     machine,
     mean,
     median,
+    provenance_of,
     resolve,
     save_figure,
     setting_overrides,
@@ -233,6 +234,7 @@ def main() -> None:
         "quick": args.quick,
         "seconds": time.perf_counter() - clock,
         **machine(),
+        "provenance": provenance_of(resolve("grpo", overrides, args.smoke)),
     }
     write_json(args.out, result)
     png = plot(summary, args.out.with_suffix(".png"))
