@@ -118,6 +118,9 @@ def test_thread_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRACERL_THREADS", "many")
     with pytest.raises(ValueError, match="TRACERL_THREADS='many'"):
         resolve_threads(0)
+    monkeypatch.setenv("TRACERL_THREADS", "1" + "0" * 20)  # digits, but no machine has that many cores
+    with pytest.raises(ValueError, match="from 1 to 4096"):
+        resolve_threads(0)
     assert set_threads(0, "cuda") is None
     before = torch.get_num_threads()
     try:

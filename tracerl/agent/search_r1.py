@@ -73,8 +73,10 @@ class SearchR1Format(AgentFormat):
         text = f"{head} Question: {task.question}\n"
         if self._template is None:
             return text
-        return str(self._template.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True))
+        from tracerl.agent.template_sandbox import sandbox_for
+
+        # a stranger's template renders in a killable child under time and size limits
+        return sandbox_for(self._template).render([{"role": "user", "content": text}], add_generation_prompt=True)
 
     def prompt_ids(self, task: Task, tools: ToolSet, tokenizer: Any) -> list[int]:
         """A templated prompt carries its own special tokens (no BOS added); plain text gets BOS."""

@@ -14,6 +14,8 @@ import os
 import torch
 
 ENV_VAR = "TRACERL_THREADS"
+MAX_THREADS = 4096
+"""More intra-op threads than any machine has cores is a typo (``1e20``, a pasted number)."""
 
 
 def available_cores() -> int:
@@ -33,8 +35,8 @@ def resolve_threads(setting: int = 0) -> int:
         return setting
     raw = os.environ.get(ENV_VAR, "").strip()
     if raw:
-        if not raw.isdigit() or int(raw) < 1:
-            raise ValueError(f"{ENV_VAR}={raw!r} must be a positive integer (torch intra-op threads)")
+        if not raw.isdigit() or not 1 <= int(raw) <= MAX_THREADS:
+            raise ValueError(f"{ENV_VAR}={raw[:40]!r} must be an integer from 1 to {MAX_THREADS} (torch intra-op threads)")
         return int(raw)
     return available_cores()
 
