@@ -1,5 +1,5 @@
 """``tracerl demo``: the embedded default, end to end: 4 minutes of RL plus the evaluations on 2 CPU
-cores (8.8 minutes in all measured on a 2-core machine busy with other jobs, load average about 6).
+cores (measured: 5.8 minutes in all beside one busy process, 8.8 on a crowded machine; README).
 
 1. build the SynthWiki worlds (training worlds, an unseen world, a re-drawn-facts world);
 2. take the tiny base model shipped in the package (nothing is pretrained; its sha256 is checked);
