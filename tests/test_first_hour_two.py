@@ -79,6 +79,10 @@ def test_a_chat_template_means_chat_unless_the_format_is_set(tmp_path: Path) -> 
     assert format_reason("react", str(plain)) == "the tokenizer has no chat template"
     assert format_reason("react", str(chat)) == "set by model.format"
     assert format_reason("react", "tiny") == "the embedded tiny models' format"
+    # ... also given by its folder (a shipped or pretrained tiny model carries tiny_config.json and a template)
+    (chat / "tiny_config.json").write_text("{}")
+    assert resolve_config("grpo", overrides=[f"model.name_or_path={chat}"]).model.format == "react"
+    assert format_reason("react", str(chat)) == "the embedded tiny models' format"
 
 
 def test_a_template_in_tokenizer_config_counts(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ A chat model trained on the plain ``react`` prompt (no tool list, no template ma
 prompt it was never tuned for and says nothing. So a config that leaves ``model.format`` unset (in
 the preset, the YAML file and every ``--set``) takes ``chat`` when the model's tokenizer has a chat
 template, and ``react`` otherwise; the embedded tiny models always take ``react`` (the format
-they were pretrained on, although their tokenizer carries a template). A value the user sets is
+they were pretrained on, although their tokenizer carries a template), by name or by folder. A value the user sets is
 kept as it is. The template is found from the files alone (``chat_template.jinja``,
 ``chat_template.json`` or a ``chat_template`` key in ``tokenizer_config.json``) in the model
 folder or the Hugging Face cache; a Hub model not in the cache has those two files fetched (the
@@ -86,9 +86,14 @@ def has_chat_template(name_or_path: str) -> bool | None:
     return _hub_has_template(name_or_path)
 
 
+def tiny_folder(name_or_path: str) -> bool:
+    """An embedded tiny model given by its folder (shipped or pretrained: it holds ``tiny_config.json``)."""
+    return (Path(name_or_path).expanduser() / "tiny_config.json").is_file()
+
+
 def default_format(name_or_path: str) -> str:
     """The format of a config that does not set ``model.format`` (module docstring)."""
-    if name_or_path in EMBEDDED_MODELS:
+    if name_or_path in EMBEDDED_MODELS or tiny_folder(name_or_path):
         return "react"
     return "chat" if has_chat_template(name_or_path) else "react"
 
@@ -100,7 +105,7 @@ def sets_format(*layers: dict[str, Any]) -> bool:
 
 def format_reason(fmt: str, name_or_path: str) -> str:
     """Why a run uses ``fmt``, in a few words for the console header."""
-    if name_or_path in EMBEDDED_MODELS:
+    if name_or_path in EMBEDDED_MODELS or tiny_folder(name_or_path):
         return "the embedded tiny models' format" if fmt == "react" else "set by model.format"
     template = has_chat_template(name_or_path)
     if fmt == "chat" and template:

@@ -24,6 +24,7 @@ import re
 import shutil
 import socket
 import stat
+import weakref
 from pathlib import Path
 
 from tracerl.envs.bounded import printable
@@ -177,8 +178,29 @@ def remove_stale_temps(run_dir: Path, *, holding_lock: bool) -> list[str]:
     return sorted(removed)
 
 
+_HELD_LOCKS: weakref.WeakSet[RunLock] = weakref.WeakSet()
+
+
+def _drop_locks_in_child() -> None:
+    """In a forked child (a chat-template sandbox, a tool worker): close this process's copies of
+    the run locks without unlocking them. The child shares each lock's open file description, so
+    a copy it kept would hold the folder locked after the parent died (the next ``--resume`` would
+    find it "in use"), and an unlock from it would release the parent's lock."""
+    for lock in list(_HELD_LOCKS):
+        fd, lock._fd = lock._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+os.register_at_fork(after_in_child=_drop_locks_in_child)
+
+
 class RunLock:
-    """An exclusive lock on a run folder, held until :meth:`release` or the process ends.
+    """An exclusive lock on a run folder, held until :meth:`release` or the process ends (never
+    by a child it forks: :func:`_drop_locks_in_child`).
 
     The lock file is never deleted: deleting it would let two processes lock two different
     files of the same name.
@@ -187,6 +209,7 @@ class RunLock:
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / LOCK_FILE
         self._fd: int | None = None
+        _HELD_LOCKS.add(self)
         if not self._try_lock():
             # A Trainer of this very process that was dropped but not yet collected may still
             # hold it (a reference cycle): collect once before calling it a conflict.
