@@ -35,10 +35,9 @@ __all__ = ["MANIFEST", "SHIPPED_PRESETS", "WEIGHTS_FILE", "check_shipped", "file
 
 MANIFEST = "manifest.json"
 WEIGHTS_FILE = "model.safetensors"
-SHIPPED_PRESETS = ("smoke", "default", "bench_hops")
-"""The presets the package ships: ``--smoke``'s, the demo's and the credit testbed's. The look-alike
-testbed's ``bench_hops_lookalike`` is not shipped yet (pretrained on first use and cached) until
-``TRACERL_THREADS=1 tracerl pretrain --preset bench_hops_lookalike --ship`` adds it here."""
+SHIPPED_PRESETS = ("smoke", "default", "bench_hops", "bench_hops_lookalike")
+"""The presets the package ships: ``--smoke``'s, the demo's, the credit testbed's and its look-alike
+variant's (benchmarks/common.py ``CREDIT_SETTING`` and ``LOOKALIKE_SETTING``)."""
 FOLDER_FILES = ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
                 "tokenizer_config.json", "chat_template.jinja", "tiny_config.json", "pretrain_log.json")
 """What pretraining writes and a shipped folder keeps (``manifest.json`` is added beside them)."""

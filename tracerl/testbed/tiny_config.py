@@ -199,7 +199,7 @@ PRESETS: dict[str, TinyModelConfig] = {
                                   explorer=replace(DEFAULT_EXPLORER, hop_aware=0.7)),
     # bench_hops on the world with one look-alike per name (the credit testbed's look-alike variant,
     # benchmarks/common.py LOOKALIKE_SETTING): a search for the look-alike returns a document of the
-    # same shape without the gold. Not yet pretrained or measured.
+    # same shape without the gold. Shipped (weights/bench_hops_lookalike); its base rates not yet measured here.
     "bench_hops_lookalike": TinyModelConfig(world=replace(BENCH_WORLD, distractors=1), num_worlds=200, steps=4200,
                                             warmup_steps=100, explorer=replace(DEFAULT_EXPLORER, hop_aware=0.7)),
     # The same data on two layers (8.4k steps of one row, 7 min): sampled 7.3% / 0.0% / 0.9%, and
