@@ -211,7 +211,7 @@ def test_a_step_where_no_row_carries_signal_runs_nothing() -> None:
     zero = [torch.zeros_like(a) for a in advs]
     metrics = policy_update(model, torch.optim.AdamW(model.parameters(), lr=1.0), trajs, zero, _settings(), 0)
     assert metrics == {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0,
-                       "nonfinite_skipped": 0.0}
+                       "update_forward_tokens": 0.0, "unique_trained_tokens": 0.0, "nonfinite_skipped": 0.0}
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
 
 
