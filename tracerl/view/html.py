@@ -22,7 +22,8 @@ body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;background:#fafa
 h1{font-size:1.4em}details.rollout-tree{margin-top:1em;border-top:1px solid #ccc;padding-top:.5em}
 details.rollout-tree>summary{font-size:1.15em;font-weight:600;cursor:pointer}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:2px 8px;text-align:right}
-th{background:#eee}td.l{text-align:left}
+th{background:#eee}td.l{text-align:left;white-space:nowrap}
+table.index th{font-size:.72em;width:1px;padding:2px 4px}table.index td{font-size:.85em;padding:2px 4px}
 ul.tree,ul.tree ul{list-style:none;margin:0;padding-left:1.4em;border-left:1px dashed #bbb}
 ul.tree{border-left:none;padding-left:0}
 li.node{margin:.35em 0}
@@ -303,7 +304,8 @@ def index_page(run_name: str, records: list[dict[str, Any]], pages: dict[int, st
     steps = sorted({int(r["step"]) for r in records} | set(pages))
     by_step = {int(r["step"]): r for r in records}
     keys = index_keys(records)
-    head = "<tr><th>step</th>" + "".join(f"<th>{escape(k)}</th>" for k in keys) + "</tr>"
+    # metric names break after their underscores, so many columns fit the window without scrolling
+    head = "<tr><th>step</th>" + "".join(f"<th>{escape(k).replace('_', '_<wbr>')}</th>" for k in keys) + "</tr>"
     rows = []
     for step in steps:
         record = by_step.get(step, {})
