@@ -102,8 +102,8 @@ docs: install
 
 # TRACE inside verl (the `verl` extra) in an environment of its own: verl 0.9.1 pins
 # transformers <5.11 and pulls in its v1 trainer's server stack. `make verl` builds .venv-verl once
-# (~6 min, ~1.9 GB); `make test-verl` runs the tests marked `verl` (~7 min), among them verl's own
-# trainer end to end on the CPU (examples/verl/cpu: three main_ppo runs, ~5 min, ~3.3 GB).
+# (~6 min, ~1.9 GB); `make test-verl` runs the tests marked `verl` (~5 min), among them verl's own
+# trainer end to end on the CPU (examples/verl/cpu: two main_ppo runs, ~3 min, ~3.3 GB).
 .PHONY: verl test-verl
 VERL_VENV ?= .venv-verl
 VERL_PY := $(VERL_VENV)/bin/python
