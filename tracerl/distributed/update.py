@@ -40,6 +40,7 @@ from tracerl.train.update import (
     _micro_batch_loss,
     _replace_logprobs,
     carries_signal,
+    order_key,
     pack_rows,
     pad_trajectories,
     uses_packing,
@@ -69,7 +70,7 @@ def plan_update(trajectories: Sequence[Trajectory], advantages: Sequence[Tensor]
     masks = [torch.tensor(t.sampled, dtype=torch.bool) for t in trajectories]
     normaliser = loss_normaliser(masks, settings.loss_agg, norm_length=max(len(m) for m in masks))
     keep = [(with_kl and settings.kl_coef > 0) or carries_signal(a) for a in advantages]
-    keys = [t.token_ids if settings.tree_packing != "never" else len(t.token_ids) for t in trajectories]
+    keys = [order_key(t, settings.tree_packing != "never") for t in trajectories]
     chunks = micro_batch_rows(keys, keep, settings.micro_batch_size)
     plan = deal_rounds(chunks, world)
     rows = list(zip(trajectories, advantages, strict=True))
@@ -116,7 +117,7 @@ def sharded_policy_update(model: Any, optimizer: torch.optim.Optimizer, share: U
         packed = pack_rows([r[0] for r in rows], pad_id, device) if packing and rows else None
         loss, stats = _micro_batch_loss(model, batch, settings, share.normaliser / share.world, reference, packed)
         loss.backward()
-        tokens = count_tokens([r[0] for r in rows], packed, 0, 0)
+        tokens = count_tokens([r[0] for r in rows], packed)
         sums += torch.cat([loss.detach()[None], stats, torch.tensor(tokens, dtype=sums.dtype, device=device)])
     params = trainable_parameters(model)
     norm = full_norm(torch.nn.utils.clip_grad_norm_(params, settings.grad_clip))

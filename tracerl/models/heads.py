@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 Transform = Callable[[Tensor], Tensor]
 
@@ -60,3 +61,16 @@ def head_logprobs(hidden: Tensor, targets: Tensor, head: Any, transform: Transfo
         logits = transform(logits)
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # fused: faster on CPU than x[y] - lse
     return logp.gather(-1, targets[:, None]).squeeze(-1)
+
+
+def chunked_head_logprobs(hidden: Tensor, targets: Tensor, head: Any, transform: Transform | None,
+                          temperature: float, chunk: int) -> Tensor:
+    """:func:`head_logprobs` over ``chunk`` rows at a time, each chunk under activation
+    checkpointing when gradients flow: hidden [N, H], targets [N] -> float32 [N]. Neither forward
+    nor backward then holds more than one chunk's [chunk, vocab] logits."""
+    recompute = torch.is_grad_enabled() and hidden.requires_grad
+    pieces = []
+    for start in range(0, targets.numel(), chunk):
+        args = (hidden[start : start + chunk], targets[start : start + chunk], head, transform, temperature)
+        pieces.append(checkpoint(head_logprobs, *args, use_reentrant=False) if recompute else head_logprobs(*args))
+    return torch.cat(pieces) if pieces else hidden.new_zeros(0).float()

@@ -12,32 +12,16 @@ config/loading.py, config/yaml_safe.py) and must be a plain file of the folder, 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from tracerl.envs.bounded import TooLarge, read_limited
-from tracerl.core.registry import is_import_path
 from tracerl.config.schema import TrainConfig
 from tracerl.config.loading import MAX_CONFIG_BYTES, ConfigError, from_dict, parse_yaml
+from tracerl.config.no_import import PLUGIN_FIELDS, import_paths
 from tracerl.runs.folder import RunFolderError
 
-PLUGIN_FIELDS = ("data.verifier", "data.environment", "data.tools", "model.format", "rollout.scheme",
-                 "algo.estimator")
-"""Config fields whose value may be a ``package.module:attribute`` path, imported when the config is built."""
+__all__ = ["PLUGIN_FIELDS", "TRUST_FLAG", "import_paths", "read_run_config"]
 
 TRUST_FLAG = "--trust-run-code"
-
-
-def import_paths(data: Any) -> list[tuple[str, str]]:
-    """``(field, path)`` for every import path in the plug-in fields of raw config data (in field order)."""
-    found = []
-    for dotted in PLUGIN_FIELDS:
-        value: Any = data
-        for part in dotted.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, str) and is_import_path(item):
-                found.append((dotted, item))
-    return found
 
 
 def read_run_config(path: Path, *, trust_code: bool = False) -> TrainConfig:

@@ -31,9 +31,8 @@ from typing import Any, Sequence
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
-from tracerl.models.heads import head_logprobs, logit_transform, split_head
+from tracerl.models.heads import chunked_head_logprobs, logit_transform, split_head
 from tracerl.models.prefix_scoring import MASKABLE_ATTENTION, tree_attention_mask
 from tracerl.models.scoring_plan import trie_rows
 
@@ -148,12 +147,6 @@ def local_packed_logprobs(model: Any, input_ids: Tensor, position_ids: Tensor, e
         hidden = decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                          use_cache=False).last_hidden_state
         flat = hidden.reshape(-1, hidden.shape[-1])[sources]
-        transform = logit_transform(model.config)
-        recompute = torch.is_grad_enabled() and flat.requires_grad
-        pieces = []
-        for start in range(0, targets.numel(), chunk):
-            args = (flat[start : start + chunk], targets[start : start + chunk], head, transform, temperature)
-            pieces.append(checkpoint(head_logprobs, *args, use_reentrant=False) if recompute else head_logprobs(*args))
-        picked = torch.cat(pieces) if pieces else flat.new_zeros(0).float()
+        picked = chunked_head_logprobs(flat, targets, head, logit_transform(model.config), temperature, chunk)
     values = torch.cat([picked.new_zeros(1), picked])
     return values[gather]

@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from tracerl.core.losses import POLICY_LOSSES, aggregate_loss, k3_kl, loss_normaliser
 from tracerl.core.types import Trajectory
-from tracerl.models.heads import head_logprobs, logit_transform, split_head
+from tracerl.models.heads import chunked_head_logprobs, logit_transform, split_head
 from tracerl.models.lora import trainable_parameters
 from tracerl.models.precision import compute_context, model_device
 from tracerl.train.packing import PackedTrees, pack_trees, packable, packed_token_logprobs
@@ -122,13 +121,8 @@ def local_token_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor, 
     batch, length = input_ids.shape
     flat_hidden = hidden[:, :-1].reshape(batch * (length - 1), hidden.shape[-1])
     flat_targets = input_ids[:, 1:].reshape(-1)
-    transform = logit_transform(model.config)
-    recompute = torch.is_grad_enabled() and flat_hidden.requires_grad
-    pieces = []
-    for start in range(0, flat_targets.numel(), chunk):
-        args = (flat_hidden[start : start + chunk], flat_targets[start : start + chunk], head, transform, temperature)
-        pieces.append(checkpoint(head_logprobs, *args, use_reentrant=False) if recompute else head_logprobs(*args))
-    picked = torch.cat(pieces).view(batch, length - 1) if pieces else flat_hidden.new_zeros(batch, 0).float()
+    picked = chunked_head_logprobs(flat_hidden, flat_targets, head, logit_transform(model.config), temperature,
+                                   chunk).view(batch, length - 1)
     return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
 
 
@@ -230,7 +224,8 @@ def policy_update(
         loss, stats = _micro_batch_loss(model, batch, settings, normaliser, reference, packed)
         (scaler.scale(loss) if scaler is not None else loss).backward()
         sums += torch.cat([loss.detach()[None], stats])
-        forwarded, unique = count_tokens(rows, packed, forwarded, unique)
+        tokens = count_tokens(rows, packed)
+        forwarded, unique = forwarded + tokens[0], unique + tokens[1]
     if scaler is not None:
         scaler.unscale_(optimizer)
     params = trainable_parameters(model)
@@ -284,7 +279,7 @@ def with_trainer_logprobs(model: Any, trajectories: Sequence[Trajectory], settin
 def _trainer_logprobs(model: Any, trajectories: Sequence[Trajectory], settings: UpdateSettings, pad_id: int,
                       device: torch.device) -> tuple[dict[int, list[float]], dict[str, float]]:
     packing = uses_packing(model, settings)
-    keys = [t.token_ids if packing else len(t.token_ids) for t in trajectories]
+    keys = [order_key(t, packing) for t in trajectories]
     order = sorted(range(len(trajectories)), key=lambda i: keys[i])
     fresh: dict[int, list[float]] = {}
     total, count, worst = 0.0, 0, 0.0
@@ -320,12 +315,17 @@ def pack_rows(trajectories: Sequence[Trajectory], pad_id: int, device: str | tor
     return pack_trees([t.token_ids for t in trajectories], [t.sampled for t in trajectories], pad_id, device)
 
 
-def count_tokens(rows: Sequence[Trajectory], packed: PackedTrees | None, forwarded: int,
-                  unique: int) -> tuple[int, int]:
-    """Running ``(tokens forwarded, distinct trained tokens)``: per leaf without packing."""
+def count_tokens(rows: Sequence[Trajectory], packed: PackedTrees | None) -> tuple[int, int]:
+    """``(tokens forwarded, distinct trained tokens)`` of one micro-batch: per leaf without packing."""
     if packed is not None:
-        return forwarded + packed.tokens, unique + int(packed.targets.numel())
-    return forwarded + sum(len(t.token_ids) for t in rows), unique + sum(sum(t.sampled) for t in rows)
+        return packed.tokens, int(packed.targets.numel())
+    return sum(len(t.token_ids) for t in rows), sum(sum(t.sampled) for t in rows)
+
+
+def order_key(trajectory: Trajectory, packing: bool) -> Any:
+    """Micro-batches are cut from rows sorted by this: length (less padding), or packed the token
+    ids themselves (a tree's leaves sit together, next to those sharing most with them)."""
+    return trajectory.token_ids if packing else len(trajectory.token_ids)
 
 
 def batch_logprobs(model: Any, batch: PaddedBatch, packed: PackedTrees | None, settings: UpdateSettings) -> Tensor:
@@ -372,7 +372,7 @@ def _micro_batches(trajectories: Sequence[Trajectory], advantages: Sequence[Tens
     """
     needs_kl = with_kl and settings.kl_coef > 0
     keep = [i for i, a in enumerate(advantages) if needs_kl or carries_signal(a)]
-    order = [t.token_ids for t in trajectories] if packing else [len(t.token_ids) for t in trajectories]
+    order = [order_key(t, packing) for t in trajectories]
     keep.sort(key=lambda i: order[i])
     size = settings.micro_batch_size
     return [keep[i : i + size] for i in range(0, len(keep), size)]
