@@ -34,6 +34,21 @@ PRESETS.update({
     for r, p in (("uniform", "uniform"), ("uniform", "learned"), ("learned", "uniform"))
 })
 
+# Mechanism arms: what in TRACE allocation moves the credit testbed. The 2x2 "tree x learned roots",
+# all at budget 64 with trace_alloc's estimator (tree_anchor, which equals grpo on chains):
+#   tree on,  learned roots: trace_alloc       tree on,  uniform roots: trace_alloc_ul
+#   tree off, learned roots: trace_alloc_notree (stage 1 spends the whole budget: every rollout a
+#                            chain from a root the predictor chose, no prefix expansion)
+#   tree off, uniform roots: grpo (uniform stage 1 is chain's shape, 8 prompts x 8; no preset needed)
+# Beside it, GRPO with trace_alloc_ul's group shape (4 prompts x 16 leaves: 4 groups of 8 roots,
+# each prompt's 8 continuations joining its group) and GRPO trained on two-hop prompts only (stage 1's
+# choice on the credit testbed, 99.5% two-hop), evaluated on every hop count as the others.
+PRESETS.update({
+    "trace_alloc_notree": merge(PRESETS["trace_alloc"], {"rollout": {"schemes": {"trace_stage1_fraction": 1.0}}}),
+    "grpo_4x16": merge(PRESETS["grpo"], {"rollout": {"schemes": {"group_size": 16}}}),
+    "grpo_twohop": merge(PRESETS["grpo"], {"data": {"train_hops": [2]}}),
+})
+
 # Options beside the papers' forms (docs/TRACE.md sections 2-3, "departures"): each preset changes one
 # knob of trace_alloc (allocation) or trace_credit (credit), so an arm reads as that knob's effect.
 _ALLOC_OPTIONS: dict[str, dict[str, Any]] = {

@@ -87,6 +87,9 @@ class DataConfig:
     """``files`` source: corpus (``id, title, text``; same file types as ``data.tasks``)."""
     eval_tasks: str = ""
     """``files`` source: held-out tasks (default: the last tenth of ``data.tasks``)."""
+    train_hops: list[int] = field(default_factory=list)
+    """SynthWiki: train only on questions of these hop counts (e.g. ``[2]``); the held-out and
+    re-drawn splits keep every hop count of ``data.world``. Empty: every hop count."""
     search_top_k: int = 3
     """Documents returned by one ``search`` call."""
     verifier: str = "em"
@@ -149,6 +152,7 @@ class DataConfig:
             raise ConfigError(f"data.min_reachability must be in [0, 1] (0: off), got {self.min_reachability}")
         if self.tool_timeout_s is not None and not self.tool_timeout_s > 0:
             raise ConfigError(f"data.tool_timeout_s must be > 0 seconds, or null for no limit; got {self.tool_timeout_s}")
+        _check_train_hops(self)
         ignored = synthwiki_ignores_paths(self.source, {k: getattr(self, k) for k in DATA_PATHS})
         if ignored:
             raise ConfigError(ignored)
@@ -161,6 +165,16 @@ class DataConfig:
                     raise ConfigError(f"data.{name} = {path!r}: no such file")
                 if path and Path(path).suffix == ".parquet" and not parquet_available():
                     raise ConfigError(f"data.{name} = {path!r}: {PARQUET_MISSING}")
+
+
+def _check_train_hops(data: DataConfig) -> None:
+    hops, world = data.train_hops, data.world
+    allowed = range(world.min_hops, world.max_hops + 1)
+    if not isinstance(hops, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h in allowed for h in hops):
+        raise ConfigError(f"data.train_hops must be a list of hop counts within data.world.min_hops..max_hops "
+                          f"({world.min_hops}..{world.max_hops}), got {hops!r}")
+    if hops and data.source == "files":
+        raise ConfigError("data.train_hops filters SynthWiki questions; with data.source = 'files' filter data.tasks instead")
 
 
 @dataclass

@@ -136,7 +136,7 @@ def load_task_data(data: DataConfig, engine: EngineConfig, seed: int) -> TaskDat
     for offset in range(data.train_worlds):
         world = build_world(replace(data.world, fact_seed=data.first_fact_seed + offset))
         routed.register(world.train, run_environment(world.documents, data, engine))
-        train += world.train
+        train += [t for t in world.train if not data.train_hops or t.hops in data.train_hops]
         first_docs = first_docs or world.documents
     unseen = build_world(replace(data.world, fact_seed=data.eval_fact_seed))
     routed.register(unseen.test, run_environment(unseen.documents, data, engine))
