@@ -187,6 +187,25 @@ def provenance_of(config: Any = None, *, name_or_path: str | None = "tiny", tiny
     return provenance(name_or_path, tiny_preset)
 
 
+def questions_per_hop(setting: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """How many held-out questions of each hop count the endpoints draw, from a sample-efficiency
+    ``setting`` (its overrides, ``sampled_questions``, ``final_eval_questions``): ``{"sampled":
+    {"2": 151, "3": 149}, "greedy": {...}}``. Both take the first questions of the unseen world's test
+    split, which is shuffled, so the hop counts are near, not exactly, equal; the split does not
+    depend on the run seed, so every run of a setting shares these counts."""
+    from collections import Counter
+
+    from tracerl.train.data import load_task_data
+
+    config = resolve("grpo", setting["overrides"], bool(setting.get("smoke")))
+    held_out = load_task_data(config.data, config.rollout.engine, config.seed).held_out
+
+    def count(size: int) -> dict[str, int]:
+        return {str(h): n for h, n in sorted(Counter(t.hops for t in held_out[:size]).items())}
+
+    return {"sampled": count(setting.get("sampled_questions") or 0), "greedy": count(setting["final_eval_questions"])}
+
+
 def check_one_base_model(paths: list[Path], shards: list[dict[str, Any]]) -> None:
     """Refuse (``SystemExit`` naming the file) merging shards that started from different base models
     (the ``provenance`` sha256; a shard without one differs from a shard with one)."""

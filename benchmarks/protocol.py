@@ -1,23 +1,38 @@
-"""The comparison protocol of the TRACE sweeps: paired differences, bootstrap intervals, collapse.
+"""The comparison protocol of the TRACE sweeps: paired tests by seed, Holm's correction, collapse, escape.
 
 Every arm trains on the same seeds as GRPO (same initial model, same evaluation questions and
-generator seed), so the effect of an arm is read seed by seed: ``arm - grpo`` per seed, its mean
-and a percentile bootstrap 95% interval over seeds (:func:`paired_bootstrap`). The endpoint is
-held-out *sampled* success per hop count (several samples per question at the rollout
-temperature: far less noise per question than one greedy episode) beside greedy accuracy. A run
-that collapses (:data:`COLLAPSE_RULE`) is counted per arm; the intervals still use every seed.
-sample_efficiency.py writes these into its JSON and ``python benchmarks/common.py`` prints them.
+generator seed), so the effect of an arm is read seed by seed: ``arm - grpo`` per seed. Per metric
+(:func:`paired_stats`): the mean difference with its 95% t-interval and two-sided paired t-test
+p-value, the exact sign-flip p-value of the mean (no normality assumed), and a percentile
+bootstrap interval only from :data:`stats.BOOTSTRAP_MIN_N` seeds on. :func:`add_holm` adjusts the
+t-test p-values over the arms of one table, per metric. The endpoint is held-out *sampled* success
+per hop count (several samples per question at the rollout temperature) beside greedy accuracy; the
+questions are one draw of the unseen world's test split, so each hop count has its own number of
+them (``questions_per_hop`` in the JSON). A run that collapses (:data:`COLLAPSE_RULE`) or escapes
+the all-fail regime (:data:`ESCAPE_RULE`) is counted per arm, with a Wilson interval for the
+escape probability; the intervals still use every seed. sample_efficiency.py writes these into its
+JSON and ``python benchmarks/common.py`` prints them.
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
+from stats import BOOTSTRAP_MIN_N, holm, paired_bootstrap, paired_t, sign_flip, wilson
 from tables import fmt, pm, table, title
 
 COLLAPSE_RULE = ("collapsed: the training reward is 0 on each of the last 10 steps, or the final sampled success "
                  "(all hops) is below half the base model's on the same questions and seed")
 """When a run counts as collapsed (counted per arm apart from the intervals, which use every seed)."""
+ESCAPE_MARGIN = 0.02
+ESCAPE_WINDOW = 10
+ESCAPE_RULE = ("escaped: the final sampled success (all hops) is at least the base model's on the same questions "
+               "and seed plus 2 points; time to escape: the first step at which the training reward, averaged "
+               "over that step and the 9 before it, reaches the same level (base + 2 points)")
+"""When a run has left the all-fail regime, and when. Two points absolute: on the credit testbed
+(base about 0.5%, 1,200 sampled episodes) that is about ten binomial standard errors above the
+base, and no GRPO run there reached it; it is the pre-registered precondition's margin."""
 
 
 def collapsed(run: dict[str, Any]) -> bool:
@@ -25,29 +40,41 @@ def collapsed(run: dict[str, Any]) -> bool:
     tail = run.get("reward_mean", [])[-10:]
     if len(tail) == 10 and all(r == 0 for r in tail):
         return True
-    final, base = (run.get("sampled") or {}).get("all"), (run.get("sampled_base") or {}).get("all")
+    final, base = _sampled_all(run)
     return final is not None and base is not None and final < 0.5 * base
 
 
-def paired_bootstrap(deltas: list[float], resamples: int = 10000, seed: int = 0) -> dict[str, Any]:
-    """Mean of per-seed paired differences with a percentile bootstrap 95% interval over seeds.
+def _sampled_all(run: dict[str, Any]) -> tuple[float | None, float | None]:
+    return (run.get("sampled") or {}).get("all"), (run.get("sampled_base") or {}).get("all")
 
-    ``deltas[i]`` is arm minus baseline on seed i (same seed, same initial model, same questions).
-    Returns ``{"mean", "lo", "hi", "n"}``; ``lo``/``hi`` are None for fewer than 2 seeds (one
-    difference has no spread to resample). Seeded, so a merge reproduces the committed numbers.
-    """
-    import numpy as np
 
-    n = len(deltas)
-    if n == 0:
-        return {"mean": None, "lo": None, "hi": None, "n": 0}
-    x = np.asarray(deltas, dtype=float)
-    if n < 2:
-        return {"mean": float(x.mean()), "lo": None, "hi": None, "n": n}
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return {"mean": float(x.mean()), "lo": float(lo), "hi": float(hi), "n": n}
+def escaped(run: dict[str, Any]) -> bool | None:
+    """:data:`ESCAPE_RULE` on one run; None without a sampled endpoint before and after training."""
+    final, base = _sampled_all(run)
+    return None if final is None or base is None else final >= base + ESCAPE_MARGIN - 1e-9
+
+
+def time_to_escape(run: dict[str, Any]) -> int | None:
+    """The first step (1-based) whose trailing :data:`ESCAPE_WINDOW`-step mean training reward
+    reaches the base sampled success + :data:`ESCAPE_MARGIN`; None if never (or no base)."""
+    rewards, base = run.get("reward_mean", []), _sampled_all(run)[1]
+    if base is None:
+        return None
+    for end in range(ESCAPE_WINDOW, len(rewards) + 1):
+        if statistics.fmean(rewards[end - ESCAPE_WINDOW:end]) >= base + ESCAPE_MARGIN - 1e-9:
+            return end
+    return None
+
+
+def escape_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Escapes of one arm: ``{"count", "n", "probability", "lo", "hi", "timed", "median_step", "rule"}``
+    (Wilson 95% interval; ``median_step`` over the ``timed`` runs whose training reward crossed)."""
+    verdicts = [v for v in map(escaped, runs) if v is not None]
+    steps = [s for s in map(time_to_escape, runs) if s is not None]
+    interval = wilson(sum(verdicts), len(verdicts))
+    return {"count": sum(verdicts), "n": len(verdicts), "probability": sum(verdicts) / len(verdicts) if verdicts else None,
+            "lo": interval[0] if interval else None, "hi": interval[1] if interval else None,
+            "timed": len(steps), "median_step": statistics.median(steps) if steps else None, "rule": ESCAPE_RULE}
 
 
 def paired_deltas(arm: list[dict[str, Any]], baseline: list[dict[str, Any]], value: Any) -> list[float]:
@@ -57,18 +84,67 @@ def paired_deltas(arm: list[dict[str, Any]], baseline: list[dict[str, Any]], val
             if (v := value(r)) is not None and base.get(r["seed"]) is not None]
 
 
+def paired_stats(deltas: list[float]) -> dict[str, Any]:
+    """Every test of one metric's per-seed differences (shape (n,)).
+
+    ``{"mean", "sd", "lo", "hi", "p_t", "n"}`` from :func:`stats.paired_t` (``lo``/``hi``: the 95%
+    t-interval), ``p_signflip`` (None below 2 seeds), ``p_holm`` (None until :func:`add_holm`),
+    ``bootstrap_lo``/``bootstrap_hi`` from :data:`BOOTSTRAP_MIN_N` seeds on, else None with
+    ``bootstrap_note`` saying why.
+    """
+    out = {**paired_t(deltas), "p_signflip": sign_flip(deltas) if len(deltas) >= 2 else None, "p_holm": None}
+    if len(deltas) >= BOOTSTRAP_MIN_N:
+        boot = paired_bootstrap(deltas)
+        return {**out, "bootstrap_lo": boot["lo"], "bootstrap_hi": boot["hi"], "bootstrap_note": None}
+    return {**out, "bootstrap_lo": None, "bootstrap_hi": None,
+            "bootstrap_note": f"{len(deltas)} seeds < {BOOTSTRAP_MIN_N}: a percentile bootstrap over so few seeds "
+                              "is narrower than the t-interval; not reported"}
+
+
+def add_holm(methods: dict[str, dict[str, Any]], baseline: str = "grpo") -> None:
+    """Set ``p_holm`` of every arm's ``paired_vs_grpo[metric]``: Holm over the arms of one table
+    (the baseline excluded), per metric, on the t-test p-values. Changes ``methods`` in place."""
+    arms = [m for name, m in methods.items() if name != baseline and m.get("paired_vs_grpo")]
+    for metric in sorted({k for m in arms for k in m["paired_vs_grpo"]}):
+        cells = [m["paired_vs_grpo"][metric] for m in arms if metric in m["paired_vs_grpo"]]
+        for cell, p in zip(cells, holm([c.get("p_t") for c in cells]), strict=True):
+            cell["p_holm"] = p
+
+
+def _p(value: float | None) -> str:
+    return "-" if value is None else (f"{value:.2g}" if value >= 0.001 else "<0.001")
+
 
 def _interval(stats: dict[str, Any] | None) -> str:
-    """``+1.2 [-0.5, +3.0] pts`` from :func:`paired_bootstrap` (percent points)."""
+    """``+1.2 [-0.5, +3.0] (n 7; Holm p 0.04, sign-flip p 0.03)`` in percent points: the t-interval,
+    then the bootstrap interval where it is reported."""
     if not stats or stats.get("mean") is None:
         return "-"
     if stats.get("lo") is None:
         return f"{100 * stats['mean']:+.1f} pts (n {stats['n']})"
-    return f"{100 * stats['mean']:+.1f} [{100 * stats['lo']:+.1f}, {100 * stats['hi']:+.1f}] (n {stats['n']})"
+    boot = (f"; bootstrap [{100 * stats['bootstrap_lo']:+.1f}, {100 * stats['bootstrap_hi']:+.1f}]"
+            if stats.get("bootstrap_lo") is not None else "")
+    tests = (f"; Holm p {_p(stats['p_holm'])}, sign-flip p {_p(stats.get('p_signflip'))}"
+             if stats.get("p_holm") is not None else "")
+    return (f"{100 * stats['mean']:+.1f} [{100 * stats['lo']:+.1f}, {100 * stats['hi']:+.1f}] "
+            f"(n {stats['n']}{tests}{boot})")
+
+
+def _escape(m: dict[str, Any]) -> str:
+    e = m.get("escape")
+    if not e or not e.get("n"):
+        return "-"
+    step = f", median step {e['median_step']:g}" if e.get("median_step") is not None else ""
+    return f"{e['count']}/{e['n']} ({100 * e['lo']:.0f}-{100 * e['hi']:.0f}%{step})"
+
+
+def _questions(data: dict[str, Any]) -> str:
+    per_hop = (data.get("questions_per_hop") or {}).get("sampled") or {}
+    return " (" + ", ".join(f"{h}-hop {n}" for h, n in per_hop.items()) + ")" if per_hop else ""
 
 
 def protocol_table(name: str, data: dict[str, Any]) -> str:
-    """Issue 25's comparison: sampled and greedy success per hop against GRPO, paired by seed."""
+    """The comparison: sampled and greedy success per hop against GRPO, paired by seed, and escapes."""
     methods = data["methods"]
     hops = sorted({h for m in methods.values() for h in m.get("sampled_by_hops", {}) if h != "all"}, key=int)
     rows = []
@@ -80,11 +156,13 @@ def protocol_table(name: str, data: dict[str, Any]) -> str:
                      _interval(paired.get("greedy_all")), fmt(m.get("effective_ratio_mean")),
                      fmt(m.get("effective_ratio_vs_grpo")),
                      " / ".join(fmt(m.get("hop_share_mean", {}).get(h), True) for h in hops) or "-",
-                     str(m.get("collapses", "-"))])
+                     str(m.get("collapses", "-")), _escape(m)])
     setting = data.get("setting", {})
     return (title(name, data) + f": the comparison protocol ({setting.get('sampled_samples')} samples x "
-            f"{setting.get('sampled_questions')} unseen-world questions at the rollout temperature; paired "
-            f"differences vs GRPO on the same seeds, bootstrap 95% intervals; {COLLAPSE_RULE})\n\n" + table(
+            f"{setting.get('sampled_questions')} unseen-world questions{_questions(data)} at the rollout temperature; "
+            "paired differences vs GRPO on the same seeds with 95% t-intervals, Holm-adjusted t-test and sign-flip "
+            f"p-values, bootstrap intervals from {BOOTSTRAP_MIN_N} seeds; {COLLAPSE_RULE}; {ESCAPE_RULE}, "
+            "with a Wilson 95% interval)\n\n" + table(
                 ["method", "seeds", "sampled success", *(f"{h}-hop sampled" for h in hops), "vs GRPO sampled",
                  *(f"vs GRPO {h}-hop" for h in hops), "vs GRPO greedy", "effective ratio", "x GRPO's",
-                 "hop share of trained prompts " + " / ".join(hops), "collapses"], rows))
+                 "hop share of trained prompts " + " / ".join(hops), "collapses", "escaped"], rows))

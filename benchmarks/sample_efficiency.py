@@ -62,13 +62,14 @@ from common import (
     machine,
     mean,
     provenance_of,
+    questions_per_hop,
     resolve,
     save_figure,
     setting_overrides,
     std,
     write_json,
 )
-from protocol import COLLAPSE_RULE, collapsed, paired_bootstrap, paired_deltas
+from protocol import COLLAPSE_RULE, add_holm, collapsed, escape_summary, paired_deltas, paired_stats
 
 METHODS = ("grpo", "dapo", "gigpo", "gspo", "tree_grpo", "trace_alloc", "trace_credit", "trace")
 """The method presets a sweep runs by default (issue 13: all of them, the same budget)."""
@@ -79,6 +80,9 @@ OPTIONS = ("trace_alloc_floor", "trace_alloc_coverage", "trace_alloc_explore", "
            "trace_credit_k1", "trace_credit_gated", "trace_credit_gated_k1", "trace_credit_gated_turn",
            "trace_credit_clip", "trace_credit_once")
 """The options beside the papers' forms (docs/TRACE.md sections 2-3, departures): ``--methods`` takes them."""
+MECHANISMS = ("trace_alloc_notree", "grpo_4x16", "grpo_twohop")
+"""Arms that take TRACE allocation apart (tracerl/config/presets.py: the 2x2 tree x learned roots,
+TRACE's group shape, two-hop prompts only): ``--methods`` takes them."""
 BASE = ["rollout.budget=64", "rollout.pool_size=16", "rollout.schemes.group_size=8", "eval.every=10",
         "eval.size=100", "log.checkpoint_every=1000000", "log.rollouts=false"]
 SLOWER = ("optim.lr=3e-4",)
@@ -100,7 +104,7 @@ QUICK = ["rollout.budget=16", "rollout.pool_size=8", "rollout.schemes.group_size
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="1 seed x 4 steps, budget 16, 32 eval questions.")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS + ABLATIONS + OPTIONS)
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS + ABLATIONS + OPTIONS + MECHANISMS)
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed-list", type=int, nargs="+", help="Run these seeds instead of 0..--seeds-1 (a shard).")
     p.add_argument("--steps", type=int, default=200)
@@ -130,12 +134,25 @@ def sweep_overrides(args: argparse.Namespace) -> list[str]:
     return setting_overrides(args, BASE + (QUICK if args.quick else []), tail=tail, setting=named)
 
 
+def preset_overrides(preset: str, overrides: list[str]) -> list[str]:
+    """``overrides`` less the sweep's own knobs (:data:`BASE`, :data:`QUICK`) that ``preset`` sets
+    itself: ``grpo_4x16``'s group size is what the arm changes (every other preset sets none of them)."""
+    from tracerl.config.presets import PRESETS
+
+    def dotted(tree: dict[str, Any], prefix: str = "") -> set[str]:
+        return set().union(*(dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k}
+                             for k, v in tree.items()))
+
+    own = dotted(PRESETS[preset])
+    return [o for o in overrides if not (o in BASE + QUICK and o.split("=", 1)[0] in own)]
+
+
 def run_one(preset: str, seed: int, overrides: list[str], args: argparse.Namespace,
             base: dict[int, dict[str, float]]) -> dict[str, Any]:
     """Train one preset for one seed; returns its curve and final accuracies."""
     from tracerl.train.loop import Trainer
 
-    config = resolve(preset, overrides + [f"seed={seed}", f"steps={args.steps}"], args.smoke)
+    config = resolve(preset, preset_overrides(preset, overrides) + [f"seed={seed}", f"steps={args.steps}"], args.smoke)
     trainer = Trainer(config, fresh_dir(args.work_dir / f"{preset}-seed{seed}"))
     if seed not in base:  # same initial model, same eval sample at step 0 for every preset of a seed
         base[seed] = trainer.evaluate(trainer.data.held_out)
@@ -264,13 +281,15 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         for m in methods.values():
             eff = methods["grpo"]["effective_ratio_mean"]
             m["effective_ratio_vs_grpo"] = m["effective_ratio_mean"] / eff if eff else None
+        add_holm(methods)
     first = curves[next(iter(curves))][0]
     return {"methods": methods, "grpo_final_accuracy": target, "grpo_total_tokens": grpo_tokens, "curves": curves,
             "base_accuracy": first["accuracy"], "base_accuracy_by_hops": first.get("accuracy_by_hops", {})}
 
 
 def protocol_summary(rs: list[dict[str, Any]], grpo: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """Issue 25's fields of one arm: sampled success per hop, hop share, collapses, paired intervals."""
+    """Issue 25's fields of one arm: sampled success per hop, hop share, collapses, escapes, paired tests
+    (:func:`protocol.paired_stats` per metric; ``p_holm`` is set over the arms by :func:`protocol.add_holm`)."""
     sampled = [r["sampled"] for r in rs if r.get("sampled")]
     if not sampled:
         return {}
@@ -282,15 +301,16 @@ def protocol_summary(rs: list[dict[str, Any]], grpo: list[dict[str, Any]] | None
                            for h in sorted({h for r in rs for h in r.get("hop_share", {})}, key=int)},
         "collapses": sum(collapsed(r) for r in rs),
         "collapse_rule": COLLAPSE_RULE,
+        "escape": escape_summary(rs),
     }
     if grpo:
-        paired = {f"sampled_{k}": paired_bootstrap(paired_deltas(rs, grpo, lambda r, k=k: (r.get("sampled") or {}).get(k)))
+        paired = {f"sampled_{k}": paired_stats(paired_deltas(rs, grpo, lambda r, k=k: (r.get("sampled") or {}).get(k)))
                   for k in keys}
-        paired["greedy_all"] = paired_bootstrap(paired_deltas(rs, grpo, lambda r: r["final"]["unseen"]))
+        paired["greedy_all"] = paired_stats(paired_deltas(rs, grpo, lambda r: r["final"]["unseen"]))
         for h in keys[1:]:
-            paired[f"greedy_{h}"] = paired_bootstrap(paired_deltas(
+            paired[f"greedy_{h}"] = paired_stats(paired_deltas(
                 rs, grpo, lambda r, h=h: r.get("final_by_hops", {}).get("unseen", {}).get(h)))
-        paired["effective_ratio"] = paired_bootstrap(paired_deltas(rs, grpo, lambda r: mean(r["effective_ratio"])))
+        paired["effective_ratio"] = paired_stats(paired_deltas(rs, grpo, lambda r: mean(r["effective_ratio"])))
         out["paired_vs_grpo"] = paired
     return out
 
@@ -339,7 +359,7 @@ def merge_shards(paths: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], di
         if same(shard) != same(shards[0]):
             raise SystemExit(f"{path}: its setting differs from {paths[0]}'s; shards must share one setting")
     check_one_base_model(paths, shards)
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS + ABLATIONS + OPTIONS}
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS + ABLATIONS + OPTIONS + MECHANISMS}
     for path, shard in zip(paths, shards, strict=True):
         for method, rs in shard["runs"].items():
             for run in rs:  # a method's run of one seed held by two shards (grpo beside each arm) counts once
@@ -386,6 +406,7 @@ def main() -> None:
         "grpo_total_tokens": summary["grpo_total_tokens"],
         "base_accuracy": summary["base_accuracy"],
         "base_accuracy_by_hops": summary["base_accuracy_by_hops"],
+        "questions_per_hop": questions_per_hop(setting),
         "grpo_improved": (summary["grpo_final_accuracy"] or 0.0) > (summary["base_accuracy"] or 0.0),
         "setting": setting,
         "curves": summary["curves"],

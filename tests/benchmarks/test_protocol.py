@@ -1,7 +1,8 @@
-"""The comparison protocol: paired differences by seed, bootstrap intervals, collapse, the table."""
+"""The comparison protocol: paired tests by seed (t, sign-flip, Holm), collapse, escape, the table."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import protocol  # noqa: E402
 import sample_efficiency as se  # noqa: E402
+import stats  # noqa: E402
 
 
 def run(seed: int, sampled: float, base: float = 0.1, greedy: float = 0.2, rewards: list[float] | None = None,
@@ -22,12 +24,12 @@ def run(seed: int, sampled: float, base: float = 0.1, greedy: float = 0.2, rewar
 
 
 def test_bootstrap_of_equal_differences_is_a_point_and_needs_two_seeds() -> None:
-    assert protocol.paired_bootstrap([0.02, 0.02, 0.02]) == {"mean": 0.02, "lo": 0.02, "hi": 0.02, "n": 3}
-    assert protocol.paired_bootstrap([0.05]) == {"mean": 0.05, "lo": None, "hi": None, "n": 1}
-    assert protocol.paired_bootstrap([])["n"] == 0
-    got = protocol.paired_bootstrap([-0.1, 0.1, 0.3, 0.5])
+    assert stats.paired_bootstrap([0.02, 0.02, 0.02]) == {"mean": 0.02, "lo": 0.02, "hi": 0.02, "n": 3}
+    assert stats.paired_bootstrap([0.05]) == {"mean": 0.05, "lo": None, "hi": None, "n": 1}
+    assert stats.paired_bootstrap([])["n"] == 0
+    got = stats.paired_bootstrap([-0.1, 0.1, 0.3, 0.5])
     assert got["mean"] == pytest.approx(0.2) and -0.1 <= got["lo"] < 0.2 < got["hi"] <= 0.5
-    assert got == protocol.paired_bootstrap([-0.1, 0.1, 0.3, 0.5])  # seeded
+    assert got == stats.paired_bootstrap([-0.1, 0.1, 0.3, 0.5])  # seeded
 
 
 def test_deltas_pair_by_seed() -> None:
@@ -50,10 +52,20 @@ def test_summary_and_table() -> None:
     assert got["sampled_by_hops"]["all"]["mean"] == pytest.approx(0.29)
     assert got["paired_vs_grpo"]["sampled_all"]["mean"] == pytest.approx(0.04)
     assert got["paired_vs_grpo"]["sampled_2"]["n"] == 2
+    assert got["paired_vs_grpo"]["sampled_all"]["p_signflip"] == 0.5  # deltas 0.05, 0.03: sums +-0.08, +-0.02
+    assert got["escape"]["n"] == 2 and got["escape"]["count"] == 2  # 0.25 and 0.33 against a base of 0.1
     assert got["hop_share_mean"] == {"1": pytest.approx(0.7), "2": pytest.approx(0.3)}
     methods = {"grpo": {"seeds": 2, **se.protocol_summary(grpo, grpo)}, "arm": {"seeds": 2, **got}}
-    table = protocol.protocol_table("x", {"methods": methods, "setting": {"sampled_samples": 4, "sampled_questions": 300}})
-    assert "| arm | 2 | 29.0 ± 5.7% |" in table and "+4.0 [+3.0, +5.0] (n 2)" in table
+    protocol.add_holm(methods)
+    assert methods["arm"]["paired_vs_grpo"]["sampled_all"]["p_holm"] == methods["arm"]["paired_vs_grpo"]["sampled_all"]["p_t"]
+    assert methods["grpo"]["paired_vs_grpo"]["sampled_all"]["p_holm"] is None  # the baseline is no arm of the family
+    table = protocol.protocol_table("x", {"methods": methods, "setting": {"sampled_samples": 4, "sampled_questions": 300},
+                                          "questions_per_hop": {"sampled": {"1": 151, "2": 149}}})
+    assert "| arm | 2 | 29.0 ± 5.7% |" in table and "300 unseen-world questions (1-hop 151, 2-hop 149)" in table
+    # deltas 0.05 and 0.03: mean 4.0, se 1.0 point, t_{0.975,1} = 12.706 -> [-8.7, +16.7]; t = 4 on 1 df (Cauchy):
+    # p = 1 - 2 atan(4) / pi = 0.156, Holm over one arm leaves it as it is
+    assert "+4.0 [-8.7, +16.7] (n 2; Holm p 0.16, sign-flip p 0.5)" in table
+    assert "| 2/2 (34-100%, median step 10) |" in table  # Wilson(2, 2); seed 0's reward 0.5 >= 0.1 + 0.02 at step 10
 
 
 def test_merge_keeps_one_of_identical_twins_and_rejects_different_ones(tmp_path) -> None:
@@ -71,3 +83,68 @@ def test_merge_keeps_one_of_identical_twins_and_rejects_different_ones(tmp_path)
     c = shard("c.json", {"grpo": [run(0, 0.9)]})
     with pytest.raises(SystemExit, match="grpo seed 0 differs"):
         se.merge_shards([a, c])
+
+
+def test_t_quantiles_match_the_tables() -> None:
+    assert stats.t_quantile(0.975, 6) == pytest.approx(2.4469, abs=1e-4)
+    assert stats.t_quantile(0.975, 11) == pytest.approx(2.2010, abs=1e-4)
+    assert stats.t_quantile(0.975, 1) == pytest.approx(12.7062, abs=1e-4)
+    assert stats.t_quantile(0.025, 6) == pytest.approx(-2.4469, abs=1e-4)  # symmetric
+    for t in (0.3, 1.0, 4.0):  # df 1 is Cauchy: P(T > t) = 1/2 - atan(t) / pi
+        assert stats.t_sf(t, 1) == pytest.approx(0.5 - math.atan(t) / math.pi, abs=1e-12)
+
+
+def test_paired_t_by_hand() -> None:
+    # [1, 2, 3]: mean 2, sd 1, t = 2 / (1 / sqrt 3) = sqrt 12 on 2 df, where P(T > t) = (1 - t / sqrt(2 + t^2)) / 2
+    got = stats.paired_t([1.0, 2.0, 3.0])
+    p = 1 - math.sqrt(12) / math.sqrt(14)
+    half = stats.t_quantile(0.975, 2) / math.sqrt(3)  # 4.3027 / 1.7321 = 2.4841
+    assert got == pytest.approx({"mean": 2.0, "sd": 1.0, "lo": 2 - half, "hi": 2 + half, "p_t": p, "n": 3})
+    assert half == pytest.approx(2.4841, abs=1e-4) and p == pytest.approx(0.0742, abs=1e-4)
+    assert stats.paired_t([0.5]) == {"mean": 0.5, "sd": None, "lo": None, "hi": None, "p_t": None, "n": 1}
+    assert stats.paired_t([])["mean"] is None
+    assert stats.paired_t([0.0, 0.0])["p_t"] == 1.0
+
+
+def test_sign_flip_is_exact_by_hand() -> None:
+    assert stats.sign_flip([1.0, 2.0, 3.0]) == 0.25  # only +-(1, 2, 3) reach |sum| 6: 2 of 8
+    assert stats.sign_flip([3.0, 1.0]) == 0.5  # sums 4, 2, -2, -4
+    assert stats.sign_flip([1.0, -1.0]) == 1.0
+    assert stats.sign_flip([0.01] * 7) == 2 / 128  # the smallest p seven seeds can give
+    assert stats.sign_flip([]) is None
+    many = stats.sign_flip([1.0] * 20)  # Monte Carlo above 16: (1 + hits) / (1 + resamples), seeded
+    assert many == stats.sign_flip([1.0] * 20) and 0 < many < 0.001
+
+
+def test_holm_steps_down_and_stays_monotone() -> None:
+    # sorted 0.01, 0.03, 0.04 -> 3 x 0.01, 2 x 0.03, max(0.06, 1 x 0.04)
+    assert stats.holm([0.01, 0.04, 0.03, None]) == pytest.approx([0.03, 0.06, 0.06, None])
+    assert stats.holm([0.5, 0.5]) == [1.0, 1.0]
+    adjusted = stats.holm([0.2, 0.001, 0.04, 0.03, 0.5])
+    order = sorted(range(5), key=lambda i: [0.2, 0.001, 0.04, 0.03, 0.5][i])
+    assert all(adjusted[a] <= adjusted[b] for a, b in zip(order, order[1:], strict=False))
+
+
+def test_wilson_interval_by_hand() -> None:
+    assert stats.wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)  # z^2 / (n + z^2) = 3.8415 / 13.8415
+    assert stats.wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert stats.wilson(0, 0) is None
+
+
+def test_bootstrap_is_reported_from_ten_seeds() -> None:
+    few = protocol.paired_stats([0.01 * i for i in range(7)])
+    assert few["bootstrap_lo"] is None and "7 seeds < 10" in few["bootstrap_note"]
+    ten = protocol.paired_stats([0.01 * i for i in range(10)])
+    assert ten["bootstrap_note"] is None and ten["lo"] < ten["bootstrap_lo"] < ten["bootstrap_hi"] < ten["hi"]
+
+
+def test_escape_rule_and_time() -> None:
+    assert protocol.escaped(run(0, 0.025, base=0.005)) and not protocol.escaped(run(0, 0.0249, base=0.005))
+    assert protocol.escaped({"seed": 0}) is None
+    # base 0: the threshold is 0.02; the trailing 10-step mean reaches it when two 0.1 steps are in the window
+    climbing = run(0, 0.1, base=0.0, rewards=[0.0] * 12 + [0.1] * 5)
+    assert protocol.time_to_escape(climbing) == 14
+    assert protocol.time_to_escape(run(0, 0.1, base=0.0, rewards=[0.015] * 30)) is None
+    got = protocol.escape_summary([climbing, run(1, 0.0, base=0.0, rewards=[0.0] * 20)])
+    assert (got["count"], got["n"], got["probability"], got["timed"], got["median_step"]) == (1, 2, 0.5, 1, 14)
+    assert (got["lo"], got["hi"]) == pytest.approx(stats.wilson(1, 2))

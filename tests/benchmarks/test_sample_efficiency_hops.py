@@ -47,3 +47,24 @@ def test_summary_and_merge_keep_final_accuracy_by_hops(tmp_path: Path) -> None:
     assert by_hops["2"]["std"] == pytest.approx(0.1414213562)
     assert summary["base_accuracy_by_hops"] == {"1": 0.0}
     assert summary["curves"]["grpo"][1]["accuracy_by_hops"] == {"1": pytest.approx(0.8), "2": pytest.approx(0.3)}
+
+
+def test_a_preset_keeps_the_knob_it_changes_over_the_sweeps_base() -> None:
+    extra = ["optim.lr=3e-4"]
+    assert se.preset_overrides("grpo", se.BASE + extra) == se.BASE + extra
+    kept = se.preset_overrides("grpo_4x16", se.BASE + se.QUICK + extra)
+    assert "rollout.schemes.group_size=8" not in kept and "rollout.schemes.group_size=4" not in kept
+    assert kept == [o for o in se.BASE + se.QUICK + extra if not o.startswith("rollout.schemes.group_size=")]
+    config = se.resolve("grpo_4x16", kept, False)  # QUICK's budget 16: one prompt of 16
+    assert (config.rollout.budget // config.rollout.schemes.group_size, config.rollout.schemes.group_size) == (1, 16)
+
+
+def test_questions_per_hop_counts_the_first_held_out_questions() -> None:
+    from tracerl.train.data import load_task_data
+
+    setting = {"overrides": [], "smoke": True, "sampled_questions": 6, "final_eval_questions": 4}
+    got = se.questions_per_hop(setting)
+    config = se.resolve("grpo", [], True)
+    held_out = load_task_data(config.data, config.rollout.engine, config.seed).held_out
+    assert sum(got["sampled"].values()) == 6 and sum(got["greedy"].values()) == 4
+    assert got["greedy"] == {h: sum(str(t.hops) == h for t in held_out[:4]) for h in got["greedy"]}
