@@ -124,10 +124,12 @@ def _interval(stats: dict[str, Any] | None) -> str:
         return f"{100 * stats['mean']:+.1f} pts (n {stats['n']})"
     boot = (f"; bootstrap [{100 * stats['bootstrap_lo']:+.1f}, {100 * stats['bootstrap_hi']:+.1f}]"
             if stats.get("bootstrap_lo") is not None else "")
-    tests = (f"; Holm p {_p(stats['p_holm'])}, sign-flip p {_p(stats.get('p_signflip'))}"
-             if stats.get("p_holm") is not None else "")
+    tests = [f"Holm p {_p(stats['p_holm'])}"] if stats.get("p_holm") is not None else []
+    if tests or (stats.get("sd") == 0 and stats["mean"] != 0):  # equal differences: no t-test, the sign flip
+        tests.append(f"sign-flip p {_p(stats.get('p_signflip'))}")
+    tests_text = "; " + ", ".join(tests) if tests else ""
     return (f"{100 * stats['mean']:+.1f} [{100 * stats['lo']:+.1f}, {100 * stats['hi']:+.1f}] "
-            f"(n {stats['n']}{tests}{boot})")
+            f"(n {stats['n']}{tests_text}{boot})")
 
 
 def _escape(m: dict[str, Any]) -> str:

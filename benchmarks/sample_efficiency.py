@@ -104,7 +104,8 @@ QUICK = ["rollout.budget=16", "rollout.pool_size=8", "rollout.schemes.group_size
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="1 seed x 4 steps, budget 16, 32 eval questions.")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS + ABLATIONS + OPTIONS + MECHANISMS)
+    p.add_argument("--methods", nargs="+", choices=METHODS + ABLATIONS + OPTIONS + MECHANISMS,
+                   help="Presets to run (default: METHODS); with --merge, keep only these arms of the shards.")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed-list", type=int, nargs="+", help="Run these seeds instead of 0..--seeds-1 (a shard).")
     p.add_argument("--steps", type=int, default=200)
@@ -124,6 +125,7 @@ def _args() -> argparse.Namespace:
     if args.quick:
         args.seeds, args.steps, args.final_eval, args.sampled_eval, args.samples = 1, 4, 32, 16, 2
     args.seed_list = args.seed_list if args.seed_list is not None else list(range(args.seeds))
+    args.merge_methods, args.methods = args.methods, args.methods or list(METHODS)
     return args
 
 
@@ -379,6 +381,8 @@ def main() -> None:
     clock = time.perf_counter()
     if args.merge:
         runs, shard = merge_shards(args.merge)
+        if args.merge_methods:  # one table of chosen arms: Holm's family is its arms
+            runs = {m: rs for m, rs in runs.items() if m in args.merge_methods}
         setting, quick, seconds = shard["setting"], shard["quick"], shard["seconds"]
         extra = {"shards": shard["shards"], "shard_seconds_total": seconds, "provenance": shard.get("provenance"),
                  **{k: shard[k] for k in ("machine", "python", "torch", "threads", "cpus")}}

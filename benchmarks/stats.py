@@ -77,8 +77,9 @@ def paired_t(deltas: list[float]) -> dict[str, Any]:
     """Mean, sample sd, 95% t-interval and two-sided one-sample t-test p-value of ``deltas`` (shape (n,)).
 
     Returns ``{"mean", "sd", "lo", "hi", "p_t", "n"}``; with n < 2 every field but ``mean`` and
-    ``n`` is None (one difference has no spread). Zero spread: the interval is the mean itself and
-    p is 1 when the mean is 0, else 0.
+    ``n`` is None (one difference has no spread). Zero spread (equal differences, e.g. two seeds
+    both one question better): the interval is the mean itself and ``p_t`` is None, since the t
+    statistic is 0/0 or infinite; the sign-flip p-value still applies.
     """
     import numpy as np
 
@@ -89,7 +90,7 @@ def paired_t(deltas: list[float]) -> dict[str, Any]:
     sd = math.sqrt(math.fsum((d - mean) ** 2 for d in deltas) / (n - 1))
     se = sd / math.sqrt(n)
     if se == 0.0:
-        return {"mean": mean, "sd": 0.0, "lo": mean, "hi": mean, "p_t": 1.0 if mean == 0 else 0.0, "n": n}
+        return {"mean": mean, "sd": 0.0, "lo": mean, "hi": mean, "p_t": None, "n": n}
     half = t_quantile(0.975, n - 1) * se
     p = min(1.0, 2.0 * t_sf(abs(mean) / se, n - 1))
     return {"mean": mean, "sd": sd, "lo": mean - half, "hi": mean + half, "p_t": p, "n": n}

@@ -103,7 +103,8 @@ def test_paired_t_by_hand() -> None:
     assert half == pytest.approx(2.4841, abs=1e-4) and p == pytest.approx(0.0742, abs=1e-4)
     assert stats.paired_t([0.5]) == {"mean": 0.5, "sd": None, "lo": None, "hi": None, "p_t": None, "n": 1}
     assert stats.paired_t([])["mean"] is None
-    assert stats.paired_t([0.0, 0.0])["p_t"] == 1.0
+    equal = stats.paired_t([0.01, 0.01])  # no spread: no t statistic (a p of 0 would claim certainty)
+    assert (equal["lo"], equal["hi"], equal["p_t"]) == (0.01, 0.01, None)
 
 
 def test_sign_flip_is_exact_by_hand() -> None:
