@@ -22,6 +22,10 @@ Sections (stable keys in the JSON):
   built): 2 bytes per parameter, equal to the gathered state cast to bf16, and the GPU's peak
   memory above the shards while streaming (ok within 3 buckets; a whole bf16 copy would be
   ``bf16_model_gb``).
+- ``shard_load``: the model saved as safetensors, then built as each training rank builds it (meta
+  device, its shard allocated on the GPU, only its rows read from the file, rotary buffers
+  recomputed): the gathered weights equal the saved ones, and the GPU's peak while loading stays
+  within the float32 shard plus one weight (``peak_gb`` against ``shard_gb``).
 """
 
 from __future__ import annotations
@@ -191,6 +195,30 @@ def check_sync_buckets(device: str, sharded: Any) -> dict[str, Any]:
             "ok": bool(equal and sent == 2 * parameters and bounded)}
 
 
+def check_shard_load(device: str, dry: bool, mesh: Any, work: Path) -> dict[str, Any]:
+    """Build the sharded policy from a safetensors folder on the meta device (what every rank does)."""
+    from tracerl.distributed.fsdp import full_state_dict
+    from tracerl.distributed.shard_load import local_bytes, sharded_from_folder
+
+    source = _model("cpu", dry)
+    source.save_pretrained(work / "model")
+    saved = {k: v.clone() for k, v in source.state_dict().items()}
+    largest = max(p.numel() * p.element_size() for p in source.parameters())
+    del source
+    _peak(device)
+    began = time.perf_counter()
+    sharded = sharded_from_folder(work / "model", mesh, "bfloat16", device)
+    seconds = time.perf_counter() - began
+    peak = _peak(device)
+    shard = local_bytes(sharded)
+    gathered = full_state_dict(sharded)
+    equal = all(torch.equal(gathered[k].cpu(), saved[k]) for k in gathered) and len(gathered) >= len(
+        list(sharded.parameters()))
+    bounded = peak is None or peak <= (shard + largest) / GB + 0.01
+    return {"seconds": round(seconds, 3), "shard_gb": round(shard / GB, 3), "peak_gb": peak,
+            "largest_weight_gb": round(largest / GB, 3), "equal_to_saved": bool(equal), "ok": bool(equal and bounded)}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -231,11 +259,15 @@ def main() -> None:
         report["sync_buckets"] = check_sync_buckets(device, sharded)
         print(f"sync_buckets: {report['sync_buckets']['ok']} ({report['sync_buckets']['bytes_per_parameter']:.0f} "
               "B/param)", flush=True)
+        del sharded
+        report["shard_load"] = check_shard_load(device, args.dry_run, mesh, work)
+        print(f"shard_load: {report['shard_load']['ok']} (peak {report['shard_load']['peak_gb']} GB, shard "
+              f"{report['shard_load']['shard_gb']} GB)", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         dist.destroy_process_group()
     report["seconds"] = round(time.perf_counter() - began, 1)
-    report["ok"] = all(report[s]["ok"] for s in ("fsdp", "ipc", "dcp", "sync_buckets"))
+    report["ok"] = all(report[s]["ok"] for s in ("fsdp", "ipc", "dcp", "sync_buckets", "shard_load"))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: report[k] for k in ("ok", "seconds")}))

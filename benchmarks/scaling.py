@@ -20,6 +20,12 @@ GB, the driver's peak memory above its level before the sync) and the placement 
     MALLOC_MMAP_THRESHOLD_=131072 python benchmarks/scaling.py --parts sync placement   # ~2 min; keeps the nproc runs
 
 (the fixed malloc threshold makes glibc return freed large blocks, so the heap peak is the sync's own)
+
+The ``memory`` part (benchmarks/scaling_memory.py): each rank's peak memory while it builds its
+sharded policy and frozen reference, loading the whole model first against reading its shard
+only, for a 41M-parameter model:
+
+    python benchmarks/scaling.py --parts memory --nproc 1 2     # ~1 min
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from common import RESULTS, fresh_dir, machine, mean, write_json
+from scaling_memory import measure as memory_per_rank
 from scaling_sync import placement, weight_sync
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,8 +76,9 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--out", default=str(RESULTS / "scaling.json"))
-    parser.add_argument("--parts", nargs="+", choices=["nproc", "sync", "placement"],
-                        default=["nproc", "sync", "placement"], help="what to measure (the file keeps the rest)")
+    parser.add_argument("--parts", nargs="+", choices=["nproc", "sync", "placement", "memory"],
+                        default=["nproc", "sync", "placement", "memory"],
+                        help="what to measure (the file keeps the rest)")
     args = parser.parse_args()
     out = Path(args.out)
     report: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
@@ -91,6 +99,12 @@ def main() -> None:
             if isinstance(row, dict):
                 print(f"placement {key}: busiest/mean hash {row['hash_mean']:.2f} (max {row['hash_max']:.2f}), "
                       f"least-loaded {row['balanced_mean']:.2f} (max {row['balanced_max']:.2f})")
+    if "memory" in args.parts:
+        work = fresh_dir(Path(os.environ.get("TMPDIR", "/tmp")) / "tracerl-scaling-memory")
+        report["memory_per_rank"] = memory = memory_per_rank(args.nproc, work)
+        for row in memory["runs"]:
+            print(f"memory nproc {row['nproc']} {row['mode']}: peak per rank +{row['max_peak_bytes'] / 1e6:.0f} MB "
+                  f"({row['max_peak_over_model']:.2f}x the float32 model)")
     if "sync" in args.parts:
         report["weight_sync"] = sync = weight_sync()
         for name in ("float32", "bfloat16", "bfloat16_one_bucket"):

@@ -18,9 +18,11 @@ from fsdp_cases import CASES, advantages, optimizer, settings, tiny_policy, traj
 
 from tracerl.runs.sharded import load_sharded, save_sharded  # noqa: E402
 from tracerl.distributed.update import plan_update, sharded_policy_update, sharded_trainer_logprobs  # noqa: E402
-from tracerl.distributed.fsdp import full_state_dict, init_distributed, scatter_shares, shard_model  # noqa: E402
+from tracerl.distributed.fsdp import full_state_dict, init_distributed, scatter_shares  # noqa: E402
+from tracerl.distributed.shard_load import local_bytes, sharded_from_folder  # noqa: E402
 
 torch.set_num_threads(1)
+OUT = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".")
 
 
 def _step(model, opt, reference, case: str, recompute: bool = False, packing: str = "never") -> dict[str, float]:
@@ -39,11 +41,31 @@ def _step(model, opt, reference, case: str, recompute: bool = False, packing: st
     return metrics
 
 
+def _initial(tied: bool) -> Path:
+    """The initial policy's folder (safetensors), written once by rank 0, as a run's ``initial/``."""
+    folder = OUT / f"initial_{'tied' if tied else 'untied'}"
+    if dist.get_rank() == 0 and not folder.exists():
+        tiny_policy(tied).save_pretrained(folder)
+    dist.barrier()
+    return folder
+
+
 def _sharded(case: str, mesh):
+    """Policy and reference as the trainer's ranks build them: on the meta device, each rank reading its rows."""
     tied, kl, _ = CASES[case]
-    model = shard_model(tiny_policy(tied), mesh)
-    reference = shard_model(tiny_policy(tied), mesh) if kl > 0 else None
+    model = sharded_from_folder(_initial(tied), mesh, "float32", "cpu")
+    reference = sharded_from_folder(_initial(tied), mesh, "float32", "cpu").requires_grad_(False) if kl > 0 else None
     return model, optimizer(model), reference
+
+
+def shard_loading(out: Path, mesh) -> None:
+    """What each rank holds after loading (its bytes against the whole model's), and the gathered weights."""
+    for tied in (True, False):
+        model = sharded_from_folder(_initial(tied), mesh, "float32", "cpu")
+        box = [None] * dist.get_world_size()
+        dist.all_gather_object(box, local_bytes(model))
+        whole = sum(p.numel() * p.element_size() for p in tiny_policy(tied).parameters())
+        _dump(out, f"loaded_{'tied' if tied else 'untied'}", model, {"rank_bytes": box, "whole_bytes": whole})
 
 
 def _dump(out: Path, name: str, model, metrics: dict[str, float]) -> None:
@@ -97,6 +119,7 @@ if __name__ == "__main__":
     folder = Path(sys.argv[1])
     device_mesh = init_distributed("gloo", "cpu", timeout_s=120)
     try:
+        shard_loading(folder, device_mesh)
         update(folder, device_mesh)
         checkpoint(folder, device_mesh)
     finally:

@@ -138,3 +138,17 @@ def test_resume_at_one_process_equals_the_uninterrupted_run(checkpoint_out: Path
     _assert_same_weights(model, torch.load(checkpoint_out / "uninterrupted_2.pt"))
     two_steps, _ = _one_process("untied_kl", steps=2)
     _assert_same_weights(two_steps, torch.load(checkpoint_out / "uninterrupted_2.pt"))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_each_rank_reads_only_its_shard(update_out: Path, tied: bool) -> None:
+    """Built on the meta device, each rank holds its rows of every weight (plus the replicated
+    rotary buffers), and the gathered weights are the folder's, bit for bit."""
+    name = "tied" if tied else "untied"
+    whole = tiny_policy(tied)
+    _assert_same_weights(whole, torch.load(update_out / f"loaded_{name}.pt"), atol=0)
+    report = json.loads((update_out / f"loaded_{name}.json").read_text())
+    buffers = sum(b.numel() * b.element_size() for b in whole.buffers())
+    assert report["whole_bytes"] == sum(p.numel() * p.element_size() for p in whole.parameters())
+    assert sum(report["rank_bytes"]) == report["whole_bytes"] + 2 * buffers  # shards add up; buffers on each
+    assert max(report["rank_bytes"]) < 0.6 * report["whole_bytes"]

@@ -18,7 +18,6 @@ command do. The other ranks do nothing else, so they never touch the run folder 
 
 from __future__ import annotations
 
-import copy
 import warnings
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,11 @@ from tracerl.runs.sharded import load_sharded, save_sharded
 from tracerl.distributed.update import UpdateShare, plan_update, sharded_policy_update, sharded_trainer_logprobs
 from tracerl.distributed.launch import launched_world
 from tracerl.distributed.commands import CommandChannel, rendezvous_store
-from tracerl.distributed.fsdp import full_state_dict, init_distributed, scatter_shares, shard_model
+from tracerl.distributed.fsdp import full_state_dict, init_distributed, scatter_shares
+from tracerl.distributed.shard_load import sharded_from_folder, weight_files
+from tracerl.runs.initial import initial_source
+from tracerl.runs.state import INITIAL
+from tracerl.train.loop import prepare_policy
 from tracerl.train.update import UpdateSettings, update_settings
 
 COUNT_KEYS = ("trained_tokens", "update_forward_tokens", "unique_trained_tokens", "nonfinite_skipped",
@@ -45,21 +48,23 @@ COUNT_KEYS = ("trained_tokens", "update_forward_tokens", "unique_trained_tokens"
 class ShardedPolicy:
     """One rank's shard of the policy, its optimiser and the sharded reference.
 
-    ``model`` is the unsharded policy as loaded (rank 0: the Trainer's copy, deep-copied here;
-    it is also the initial policy, so the reference copy is taken from it before any restore).
+    Both are built on the meta device and read only this rank's rows from ``folder``, the run's
+    initial policy (:mod:`~tracerl.distributed.shard_load`): no rank, rank 0 included, holds a
+    whole copy to shard. The reference is the initial policy, so it is read from there also on
+    resume (the policy's shards then come from the checkpoint's DCP folder).
     """
 
-    def __init__(self, config: TrainConfig, model: Any, pad_id: int, mesh: Any) -> None:
+    def __init__(self, config: TrainConfig, folder: Path, pad_id: int, mesh: Any) -> None:
         self.config, self.pad_id, self.mesh = config, pad_id, mesh
         self.settings: UpdateSettings = update_settings(config)
         dtype = config.dist.fsdp_dtype(config.model.dtype)
+        device = config.model.device
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.with_kl = config.optim.kl_coef > 0
         self.reference = None
         if self.with_kl:
-            reference = copy.deepcopy(model).eval().requires_grad_(False)
-            self.reference = shard_model(reference, self.mesh, dtype)
-        self.model = shard_model(copy.deepcopy(model), self.mesh, dtype)
+            self.reference = sharded_from_folder(folder, mesh, dtype, device).requires_grad_(False)
+        self.model = sharded_from_folder(folder, mesh, dtype, device, prepare=lambda m: prepare_policy(m, config))
         o = config.optim
         self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=o.lr, betas=o.betas,
                                            weight_decay=o.weight_decay)
@@ -92,12 +97,14 @@ def start_driver(trainer: Any) -> Driver | None:
         raise ConfigError(f"dist.nproc = {cfg.dist.nproc} but this process was started as one of "
                           f"{launched_world()}; use `tracerl train ... --nproc {cfg.dist.nproc}` or torchrun "
                           f"--nproc_per_node {cfg.dist.nproc}")
+    folder = Path(initial_source(trainer.run_dir / INITIAL))
+    weight_files(folder)  # a folder without safetensors is refused before the other ranks are told
     store, rank, _ = rendezvous_store(cfg.dist.timeout_s)
     channel = CommandChannel(store, rank, cfg.dist.timeout_s)
     channel.start_heartbeat()
     channel.send("run", str(trainer.run_dir))  # the others load initial/ from it (written by now), then join
     mesh = init_distributed(cfg.dist.backend, cfg.model.device, cfg.dist.timeout_s, store)
-    sharded = ShardedPolicy(cfg, trainer.model, trainer.tokenizer.pad_token_id, mesh)
+    sharded = ShardedPolicy(cfg, folder, trainer.tokenizer.pad_token_id, mesh)
     trainer.optimizer = sharded.optimizer
     trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(sharded.optimizer, trainer.scheduler.lr_lambdas[0])
     return Driver(sharded, trainer.model, channel)
@@ -160,10 +167,9 @@ def load_full_state(model: Any, state: dict[str, torch.Tensor]) -> None:
 
 def serve(config: TrainConfig) -> None:
     """A rank > 0: join, load the initial policy rank 0 wrote, then run commands until ``stop``."""
-    from tracerl.testbed.loading import load_model
+    from transformers import AutoTokenizer
+
     from tracerl.models.threads import set_threads
-    from tracerl.runs.initial import initial_source
-    from tracerl.train.loop import prepare_policy
 
     set_threads(config.model.threads, config.model.device)
     store, rank, _ = rendezvous_store(config.dist.timeout_s)
@@ -173,10 +179,10 @@ def serve(config: TrainConfig) -> None:
         raise RuntimeError(f"rank {rank}: the first command from rank 0 is {kind!r}, not 'run'")
     mesh = init_distributed(config.dist.backend, config.model.device, config.dist.timeout_s, store)
     run_dir = Path(arg)
-    model, tokenizer = load_model(initial_source(run_dir / "initial"), dtype=config.model.dtype,
-                                  device=config.model.device)
-    sharded = ShardedPolicy(config, prepare_policy(model, config), tokenizer.pad_token_id, mesh)
-    del model
+    folder = Path(initial_source(run_dir / INITIAL))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))  # for the pad id, as load_model sets it
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    sharded = ShardedPolicy(config, folder, pad_id, mesh)
     try:
         while True:
             kind, arg = channel.receive()  # rank 0's own phases: waited for while it beats

@@ -1,0 +1,39 @@
+"""Which rows of a weight each FSDP rank reads, and the folders sharded loading refuses (one process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tracerl.distributed.shard_load import ShardLoadError, shard_rows, weight_files
+
+
+@pytest.mark.parametrize("length,world", [(10, 2), (301, 2), (5, 4), (3, 8), (0, 2), (16, 8), (17, 8)])
+def test_rows_are_torch_chunk_of_dim_0(length: int, world: int) -> None:
+    chunks = torch.arange(length).chunk(world) if length else ()
+    for rank in range(world):
+        start, stop = shard_rows(length, world, rank)
+        expected = chunks[rank].tolist() if rank < len(chunks) else []
+        assert list(range(start, stop)) == expected
+
+
+def test_hand_computed_rows() -> None:
+    # 301 rows over 2 ranks: chunks of 151; 5 rows over 4 ranks: chunks of 2, the last rank holds none
+    assert [shard_rows(301, 2, r) for r in range(2)] == [(0, 151), (151, 301)]
+    assert [shard_rows(5, 4, r) for r in range(4)] == [(0, 2), (2, 4), (4, 5), (5, 5)]
+
+
+def test_a_folder_without_safetensors_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ShardLoadError, match="no model.safetensors") as err:
+        weight_files(tmp_path)
+    assert "\n" not in str(err.value)
+
+
+def test_a_broken_index_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    with pytest.raises(ShardLoadError, match="model.safetensors.index.json: not a safetensors index"):
+        weight_files(tmp_path)
