@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -19,7 +20,8 @@ from fsdp_cases import CASES, advantages, optimizer, settings, tiny_policy, traj
 from tracerl.runs.sharded import load_sharded, save_sharded  # noqa: E402
 from tracerl.distributed.update import plan_update, sharded_policy_update, sharded_trainer_logprobs  # noqa: E402
 from tracerl.distributed.fsdp import full_state_dict, init_distributed, scatter_shares  # noqa: E402
-from tracerl.distributed.shard_load import local_bytes, sharded_from_folder  # noqa: E402
+from tracerl.distributed.shard_load import (  # noqa: E402
+    build_sharded, local_bytes, sharded_from_folder, whole_load_reason)
 
 torch.set_num_threads(1)
 OUT = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".")
@@ -66,6 +68,19 @@ def shard_loading(out: Path, mesh) -> None:
         dist.all_gather_object(box, local_bytes(model))
         whole = sum(p.numel() * p.element_size() for p in tiny_policy(tied).parameters())
         _dump(out, f"loaded_{'tied' if tied else 'untied'}", model, {"rank_bytes": box, "whole_bytes": whole})
+    # a folder whose weights are not safetensors: each rank loads it whole, then shards it, and says why
+    folder = OUT / "initial_bin"
+    if dist.get_rank() == 0:
+        policy = tiny_policy(False)
+        policy.config.save_pretrained(folder)
+        torch.save(policy.state_dict(), folder / "pytorch_model.bin")
+    dist.barrier()
+    reason = whole_load_reason(folder)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = build_sharded(folder, mesh, "float32", "cpu", reason=reason)
+    _dump(out, "loaded_bin", model, {"reason": reason, "warnings": [str(w.message) for w in caught
+                                                                     if "loads the whole model" in str(w.message)]})
 
 
 def _dump(out: Path, name: str, model, metrics: dict[str, float]) -> None:

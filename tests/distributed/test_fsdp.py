@@ -152,3 +152,10 @@ def test_each_rank_reads_only_its_shard(update_out: Path, tied: bool) -> None:
     assert report["whole_bytes"] == sum(p.numel() * p.element_size() for p in whole.parameters())
     assert sum(report["rank_bytes"]) == report["whole_bytes"] + 2 * buffers  # shards add up; buffers on each
     assert max(report["rank_bytes"]) < 0.6 * report["whole_bytes"]
+
+
+def test_weights_that_are_not_safetensors_load_whole_with_a_warning(update_out: Path) -> None:
+    report = json.loads((update_out / "loaded_bin.json").read_text())
+    assert "no model.safetensors" in report["reason"]
+    assert len(report["warnings"]) == 1 and report["reason"] in report["warnings"][0]
+    _assert_same_weights(tiny_policy(False), torch.load(update_out / "loaded_bin.pt"), atol=0)

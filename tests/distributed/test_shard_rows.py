@@ -37,3 +37,20 @@ def test_a_broken_index_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors.index.json").write_text('{"metadata": {}}')
     with pytest.raises(ShardLoadError, match="model.safetensors.index.json: not a safetensors index"):
         weight_files(tmp_path)
+
+
+def test_checkpoints_stored_under_other_names_are_loaded_whole(tmp_path: Path) -> None:
+    """A safetensors file whose names are not the model's (as a checkpoint transformers converts on
+    load): shard-by-shard reading is not possible, and the reason names the folder and a weight."""
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config
+
+    from tracerl.distributed.shard_load import whole_load_reason
+
+    config = Qwen3Config(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=8, intermediate_size=32)
+    config.save_pretrained(tmp_path)
+    save_file({"transformer.wte.weight": torch.zeros(40, 16)}, str(tmp_path / "model.safetensors"))
+    reason = whole_load_reason(tmp_path)
+    assert reason is not None and str(tmp_path) in reason and "stored under other names" in reason
+    assert "'model.embed_tokens.weight'" in reason

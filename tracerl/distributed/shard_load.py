@@ -19,6 +19,7 @@ change in that rule is an error, never a silently wrong model.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -128,22 +129,58 @@ def _rebuild_buffers(model: Any) -> None:
         model._init_weights(module)
 
 
+def _meta_model(folder: Path) -> Any:
+    """``folder``'s causal LM built on the meta device: float32, no storage."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(folder))
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def whole_load_reason(folder: Path) -> str | None:
+    """Why ``folder`` cannot be read shard by shard, or None when it can: its weights are not
+    safetensors, or are stored under other names than the model's (a checkpoint that transformers
+    converts while loading it, such as per-expert weights it fuses)."""
+    try:
+        files = weight_files(folder)
+    except ShardLoadError as err:
+        return str(err).split(";")[0]
+    absent = [name for name, _, _ in _targets(_meta_model(folder)) if name not in files]
+    if absent:
+        return (f"{folder}: {len(absent)} of the model's weights (e.g. {absent[0]!r}) are stored under other "
+                "names (transformers converts them while loading)")
+    return None
+
+
+def build_sharded(folder: Path, mesh: Any, dtype: str, device: str,
+                  prepare: Callable[[Any], Any] | None = None, reason: str | None = None) -> Any:
+    """This rank's FSDP2 shard of ``folder``'s policy: read shard by shard (:func:`sharded_from_folder`)
+    when ``reason`` (:func:`whole_load_reason`) is None, else, said in a warning, loaded whole with
+    transformers (which converts the checkpoint) and then sharded."""
+    if reason is None:
+        return sharded_from_folder(folder, mesh, dtype, device, prepare)
+    from tracerl.testbed.loading import load_model
+
+    warnings.warn(f"{reason}: each training rank loads the whole model before sharding it", stacklevel=2)
+    model, _ = load_model(str(folder), device=device)
+    if prepare is not None:
+        model = prepare(model)
+    return shard_model(model, mesh, dtype).eval()
+
+
 def sharded_from_folder(folder: Path, mesh: Any, dtype: str, device: str,
                         prepare: Callable[[Any], Any] | None = None) -> Any:
     """The FSDP2-sharded policy of ``folder`` (a Hugging Face causal LM with safetensors weights),
     never materialised whole on this rank. ``prepare``: applied to the meta model before sharding
     (gradient checkpointing). Float32 master weights, as :func:`~tracerl.testbed.loading.load_model`."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     weight_files(folder)  # refuse a folder without safetensors before building anything
-    config = AutoConfig.from_pretrained(str(folder))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = _meta_model(folder)
     if prepare is not None:
         model = prepare(model)
     shard_model(model, mesh, dtype)
     model.to_empty(device=device)
-    if getattr(config, "tie_word_embeddings", False) and callable(getattr(model, "tie_weights", None)):
+    if getattr(model.config, "tie_word_embeddings", False) and callable(getattr(model, "tie_weights", None)):
         model.tie_weights()  # to_empty gives each module its own storage
     load_shards(model, Path(folder))
     _rebuild_buffers(model)

@@ -35,7 +35,7 @@ from tracerl.distributed.update import UpdateShare, plan_update, sharded_policy_
 from tracerl.distributed.launch import launched_world
 from tracerl.distributed.commands import CommandChannel, rendezvous_store
 from tracerl.distributed.fsdp import full_state_dict, init_distributed, scatter_shares
-from tracerl.distributed.shard_load import sharded_from_folder, weight_files
+from tracerl.distributed.shard_load import build_sharded, whole_load_reason
 from tracerl.runs.initial import initial_source
 from tracerl.runs.state import INITIAL
 from tracerl.train.loop import prepare_policy
@@ -50,7 +50,8 @@ class ShardedPolicy:
 
     Both are built on the meta device and read only this rank's rows from ``folder``, the run's
     initial policy (:mod:`~tracerl.distributed.shard_load`): no rank, rank 0 included, holds a
-    whole copy to shard. The reference is the initial policy, so it is read from there also on
+    whole copy to shard (unless the folder's weights must be converted while loading: then each
+    rank loads them whole, and a warning says so). The reference is the initial policy, so it is read from there also on
     resume (the policy's shards then come from the checkpoint's DCP folder).
     """
 
@@ -62,9 +63,10 @@ class ShardedPolicy:
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.with_kl = config.optim.kl_coef > 0
         self.reference = None
+        reason = whole_load_reason(folder)  # None: each rank reads its rows (else a warning says why not)
         if self.with_kl:
-            self.reference = sharded_from_folder(folder, mesh, dtype, device).requires_grad_(False)
-        self.model = sharded_from_folder(folder, mesh, dtype, device, prepare=lambda m: prepare_policy(m, config))
+            self.reference = build_sharded(folder, mesh, dtype, device, reason=reason).requires_grad_(False)
+        self.model = build_sharded(folder, mesh, dtype, device, lambda m: prepare_policy(m, config), reason)
         o = config.optim
         self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=o.lr, betas=o.betas,
                                            weight_decay=o.weight_decay)
@@ -98,7 +100,6 @@ def start_driver(trainer: Any) -> Driver | None:
                           f"{launched_world()}; use `tracerl train ... --nproc {cfg.dist.nproc}` or torchrun "
                           f"--nproc_per_node {cfg.dist.nproc}")
     folder = Path(initial_source(trainer.run_dir / INITIAL))
-    weight_files(folder)  # a folder without safetensors is refused before the other ranks are told
     store, rank, _ = rendezvous_store(cfg.dist.timeout_s)
     channel = CommandChannel(store, rank, cfg.dist.timeout_s)
     channel.start_heartbeat()
