@@ -351,8 +351,9 @@ def plot(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], out: Pa
     return save_figure(fig, out)
 
 
-def merge_shards(paths: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
-    """Runs of several shard files, method order as in :data:`METHODS`; their settings must agree."""
+def merge_shards(paths: list[Path], methods: list[str] | None = None) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """Runs of several shard files, method order as in :data:`METHODS`; their settings must agree.
+    ``methods``: keep only these arms (one table of chosen arms: Holm's family is its arms)."""
     shards = [json.loads(p.read_text()) for p in paths]
     def same(shard: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in shard["setting"].items() if k != "seeds"}
@@ -370,7 +371,7 @@ def merge_shards(paths: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], di
                     runs[method].append(run)
                 elif (twin["final"], twin.get("sampled")) != (run["final"], run.get("sampled")):
                     raise SystemExit(f"{path}: {method} seed {run['seed']} differs from the run another shard holds")
-    runs = {m: sorted(rs, key=lambda r: r["seed"]) for m, rs in runs.items() if rs}
+    runs = {m: sorted(rs, key=lambda r: r["seed"]) for m, rs in runs.items() if rs and (not methods or m in methods)}
     seconds = sum(shard["seconds"] for shard in shards)
     setting = {**shards[0]["setting"], "seeds": max(len(rs) for rs in runs.values())}
     return runs, {**shards[0], "setting": setting, "seconds": seconds, "shards": [p.name for p in paths]}
@@ -380,9 +381,7 @@ def main() -> None:
     args = _args()
     clock = time.perf_counter()
     if args.merge:
-        runs, shard = merge_shards(args.merge)
-        if args.merge_methods:  # one table of chosen arms: Holm's family is its arms
-            runs = {m: rs for m, rs in runs.items() if m in args.merge_methods}
+        runs, shard = merge_shards(args.merge, args.merge_methods)
         setting, quick, seconds = shard["setting"], shard["quick"], shard["seconds"]
         extra = {"shards": shard["shards"], "shard_seconds_total": seconds, "provenance": shard.get("provenance"),
                  **{k: shard[k] for k in ("machine", "python", "torch", "threads", "cpus")}}

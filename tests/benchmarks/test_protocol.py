@@ -80,6 +80,7 @@ def test_merge_keeps_one_of_identical_twins_and_rejects_different_ones(tmp_path)
     b = shard("b.json", {"grpo": [run(0, 0.2)], "trace_alloc_coverage": [run(0, 0.25)]})
     runs, _ = se.merge_shards([a, b])
     assert [len(runs[m]) for m in ("grpo", "trace_alloc", "trace_alloc_coverage")] == [1, 1, 1]
+    assert list(se.merge_shards([a, b], ["grpo", "trace_alloc_coverage"])[0]) == ["grpo", "trace_alloc_coverage"]
     c = shard("c.json", {"grpo": [run(0, 0.9)]})
     with pytest.raises(SystemExit, match="grpo seed 0 differs"):
         se.merge_shards([a, c])
