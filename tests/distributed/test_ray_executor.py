@@ -234,6 +234,38 @@ def test_a_worker_killed_while_idle_is_replaced_at_the_weight_sync(one, two, run
     _same(_collect(one, run, "tree_random", seed=12)[:2], _collect(two, run, "tree_random", seed=12)[:2])
 
 
+class _OnePass:
+    """A source that can be read once, as the shards of a driver without a whole copy are
+    (distributed/streamed.py: every read is a round of collectives the other ranks join)."""
+
+    stream_once = True
+
+    def __init__(self, model) -> None:
+        self.model, self.reads = model, 0
+
+    def buckets(self, bucket_bytes: int, dtype):
+        from tracerl.models.weights import weight_buckets
+
+        self.reads += 1
+        assert self.reads == 1, "a one-pass source was read twice"
+        return weight_buckets(self.model, bucket_bytes, dtype)
+
+
+def test_a_one_pass_source_is_read_once_and_a_replacement_gets_what_was_sent(two) -> None:
+    """A worker that dies after a one-pass sync is replaced, at the next request, with the same
+    weights, from the buckets the sync kept in the object store (the source is not read again)."""
+    model = tiny_model(len(bpe_tokenizer()), seed=14)
+    source = _OnePass(model)
+    two.take_metrics()
+    two.sync_weights(source, two.version + 1)
+    os.kill(ray.get(two.actors[0].pid.remote()), signal.SIGKILL)
+    two._replace(0, RuntimeError("killed"))
+    assert source.reads == 1 and two.take_metrics()["worker_failures"] == 1
+    for actor in two.actors:
+        params = ray.get(actor.parameters.remote())
+        assert all(torch.equal(params[k], v) for k, v in model.state_dict().items())
+
+
 def test_a_replaced_worker_0_continues_the_evaluation_counter(two, run) -> None:
     """Worker 0 runs every evaluation; its count of evaluation trees seeds the next ones (exact
     sampled evaluation on resume), so its replacement must continue it, not restart at 0."""

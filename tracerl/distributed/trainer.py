@@ -6,10 +6,13 @@ from. Every rank, rank 0 included, holds a :class:`ShardedPolicy`: the FSDP2-sha
 AdamW over the shards and the sharded frozen reference (when the KL term is on). Per update,
 rank 0 broadcasts a command, plans the step (:func:`~tracerl.distributed.update.plan_update`)
 and scatters each rank its share; after the update the full weights are gathered back into
-rank 0's copy (what its backend samples next and what ``policy/`` checkpoints hold).
+rank 0's copy (what its backend samples next and what ``policy/`` checkpoints hold). With Ray
+rollout workers rank 0 keeps no such copy: the workers and ``policy/`` get the weights streamed
+from the shards (:mod:`~tracerl.distributed.streamed`, command ``export``).
 
 Commands (through the rendezvous store, :mod:`tracerl.distributed.commands`): ``run`` (the run
-folder), ``update`` (then a scatter of shares), ``save``/``load`` a DCP folder, ``stop``. Between
+folder), ``update`` (then a scatter of shares), ``save``/``load`` a DCP folder, ``export``
+(streamed ``policy/``), ``stop``. Between
 commands the other ranks wait on the store while rank 0 beats, so rank 0's own phases (sampling,
 scoring, evaluation, checkpoints) never count against ``dist.timeout_s``; the collectives after a
 command do. The other ranks do nothing else, so they never touch the run folder except
@@ -36,6 +39,7 @@ from tracerl.distributed.launch import launched_world
 from tracerl.distributed.commands import CommandChannel, rendezvous_store
 from tracerl.distributed.fsdp import full_state_dict, init_distributed, scatter_shares
 from tracerl.distributed.shard_load import build_sharded, whole_load_reason
+from tracerl.distributed.streamed import ShardStream, StreamedPolicy, drain
 from tracerl.runs.initial import initial_source
 from tracerl.runs.state import INITIAL
 from tracerl.train.loop import prepare_policy
@@ -108,14 +112,38 @@ def start_driver(trainer: Any) -> Driver | None:
     sharded = ShardedPolicy(cfg, folder, trainer.tokenizer.pad_token_id, mesh)
     trainer.optimizer = sharded.optimizer
     trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(sharded.optimizer, trainer.scheduler.lr_lambdas[0])
-    return Driver(sharded, trainer.model, channel)
+    return Driver(sharded, trainer.model, channel, streamed=streams_weights(cfg))
+
+
+def streams_weights(config: TrainConfig) -> bool:
+    """Whether rank 0 keeps no unsharded policy: with Ray rollout workers it samples nothing, so the
+    workers and ``policy/`` get the weights streamed from the shards (:mod:`~tracerl.distributed.streamed`)."""
+    return config.dist.nproc > 1 and config.rollout.executor == "ray"
 
 
 class Driver:
-    """Rank 0's side of the commands, used by the Trainer's hooks."""
+    """Rank 0's side of the commands, used by the Trainer's hooks.
 
-    def __init__(self, sharded: ShardedPolicy, rollout_model: Any, channel: CommandChannel) -> None:
+    ``streamed`` (:func:`streams_weights`): the Trainer's unsharded ``rollout_model`` is released
+    (moved to the meta device) and never gathered into; :meth:`weights` and :meth:`policy` stream
+    from the shards instead."""
+
+    def __init__(self, sharded: ShardedPolicy, rollout_model: Any, channel: CommandChannel,
+                 streamed: bool = False) -> None:
         self.sharded, self.rollout_model, self.channel = sharded, rollout_model, channel
+        self.streamed = streamed
+        if streamed:
+            rollout_model.to("meta")  # its storage is freed; the shards are the policy from here on
+
+    def weights(self) -> Any:
+        """What the executor's ``sync_weights`` takes: the shards' stream, or the gathered copy."""
+        return ShardStream(self.sharded.model) if self.streamed else self.rollout_model
+
+    def policy(self) -> Any:
+        """What a checkpoint's ``policy/`` is written from (``save_pretrained``)."""
+        if self.streamed:
+            return StreamedPolicy(self.sharded.model, self.rollout_model.config, self.channel)
+        return self.rollout_model
 
     def update(self, pairs: list[tuple[Trajectory, torch.Tensor]], updates_per_step: int, recompute: bool,
                scheduler: Any) -> dict[str, float]:
@@ -129,7 +157,8 @@ class Driver:
                     for rank in range(s.world)]
         self.channel.send("update")  # planned first: the others wait in the scatter only while it travels
         metrics = s.run_update(scatter_shares(messages))
-        self.pull_weights()
+        if not self.streamed:  # streamed: the executor's sync gathers them, bucket by bucket
+            self.pull_weights()
         with warnings.catch_warnings():  # the schedule follows RL steps, also those whose update was skipped
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
             scheduler.step()
@@ -147,7 +176,8 @@ class Driver:
     def load(self, folder: Path) -> None:
         self.channel.send("load", str(folder))
         load_sharded(folder, self.sharded.model, self.sharded.optimizer)
-        self.pull_weights()
+        if not self.streamed:
+            self.pull_weights()
 
     def close(self) -> None:
         if dist.is_initialized():
@@ -184,17 +214,26 @@ def serve(config: TrainConfig) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(folder))  # for the pad id, as load_model sets it
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sharded = ShardedPolicy(config, folder, pad_id, mesh)
+    streamed = streams_weights(config)
+
+    def gather() -> None:
+        if streamed:
+            drain(sharded.model)
+        else:
+            full_state_dict(sharded.model)
     try:
         while True:
             kind, arg = channel.receive()  # rank 0's own phases: waited for while it beats
             if kind == "update":
                 sharded.run_update(scatter_shares(None))
-                full_state_dict(sharded.model)  # rank 0 gathers the new weights
+                gather()  # rank 0 gathers the new weights (streamed: into the rollout workers)
             elif kind == "save":
                 save_sharded(Path(arg), sharded.model, sharded.optimizer)
+            elif kind == "export":  # streamed: rank 0 writes policy/ from the shards
+                drain(sharded.model)
             elif kind == "load":
                 load_sharded(Path(arg), sharded.model, sharded.optimizer)
-                full_state_dict(sharded.model)
+                gather()
             elif kind == "stop":
                 break
     finally:

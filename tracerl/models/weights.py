@@ -39,8 +39,11 @@ def _state(model_or_state: Any) -> Mapping[str, torch.Tensor]:
 
 
 def _storage(tensor: torch.Tensor) -> int:
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor: its local shard
-    return local.data_ptr()
+    """What tied aliases share: the storage of the tensor (a DTensor: of its local shard). An empty
+    local shard (a rank holding no rows of a short tensor) has no storage to share: its own key, so
+    every rank keeps the same names and gathers the same tensors in the same order."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.data_ptr() if local.numel() else -id(tensor)
 
 
 def _full(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -120,6 +120,7 @@ class RayExecutor:
                             "filesystem mounted at the same path on every node")
         self.restarts = [0] * (self.n + scorers)
         self._source: Any = None  # the last weights given to sync_weights: a replacement is streamed them
+        self._kept: list[Any] | None = None  # a one-pass source's buckets as sent (object refs): a replacement's
         self._eval_state: dict[str, int] | None = None  # worker 0's evaluation counter: a replacement loads it
         self.trees: dict[str, RolloutTree] = {}
         self.tasks: dict[str, dict[str, Any]] = {}
@@ -226,11 +227,14 @@ class RayExecutor:
         bucket by bucket in the policy's dtype; a worker that died since the last call (idle during
         the update) is replaced here, like a worker that fails a request."""
         clock = time.perf_counter()
-        self._source, self.version = weights, int(version)  # what a replacement is streamed
         if self.weight_sync == "nccl":  # a broadcast waits for every member: replace the dead first
             for w, err in self._dead().items():
                 self._replace(w, err)
-        sent, failed = self._stream(list(range(len(self.actors))), self.weight_sync)
+        self._source, self.version = weights, int(version)  # what a replacement is streamed
+        # A one-pass source (the shards of a driver without a whole copy: distributed/streamed.py) cannot
+        # be read again for a replacement: the buckets sent stay in the object store until the next sync.
+        self._kept = [] if getattr(weights, "stream_once", False) else None
+        sent, failed = self._stream(list(range(len(self.actors))), self.weight_sync, record=self._kept)
         for w, err in failed.items():  # a worker that died while idle fails here: replace it
             if self.weight_sync == "nccl":
                 raise WorkerLostError(f"rollout worker w{w} failed during a weight broadcast, which the other "
@@ -239,25 +243,34 @@ class RayExecutor:
         self._add("time_sync_weights", time.perf_counter() - clock)
         self._add("sync_bytes", float(sent))
 
-    def _buckets(self) -> Iterator[list[tuple[str, Any]]]:
-        """The last weights as buckets in the policy's dtype, built one at a time."""
+    def _buckets(self, replay: bool = False) -> Iterator[list[tuple[str, Any]]]:
+        """The last weights as buckets in the policy's dtype, built one at a time (``replay``: a
+        one-pass source's buckets again, from the object store)."""
         from tracerl.models.weights import weight_buckets  # torch only: no model code
 
-        if isinstance(self._source, list):  # buckets given: cast each
+        if replay:
+            for ref in self._kept or []:
+                yield ray.get(ref, timeout=self.timeout)[0]
+        elif self._kept is not None:  # one pass, gathered as it goes
+            yield from self._source.buckets(self.bucket_bytes, self.sync_dtype)
+        elif isinstance(self._source, list):  # buckets given: cast each
             for bucket in self._source:
                 yield [(n, t.to(self.sync_dtype) if t.is_floating_point() else t) for n, t in bucket]
         else:
             yield from weight_buckets(self._source, self.bucket_bytes, self.sync_dtype)
 
-    def _stream(self, workers: Sequence[int], mode: str) -> tuple[int, dict[int, BaseException]]:
+    def _stream(self, workers: Sequence[int], mode: str,
+                record: list[Any] | None = None) -> tuple[int, dict[int, BaseException]]:
         """Stream the last weights to ``workers`` by ``mode`` (``nccl``: all of them, the group's
         members): bytes sent (once per bucket) and the workers that failed (dead or silent past the
-        timeout), which get nothing more."""
+        timeout), which get nothing more. ``record``: where a one-pass source's buckets are kept."""
         failed: dict[int, BaseException] = {}
         window: deque[tuple[Any, dict[int, Any]]] = deque()  # (bucket, calls) in flight: two at most
         sent = 0
-        for bucket in self._buckets():
+        for bucket in self._buckets(replay=record is None and self._kept is not None):
             payload = ray.put(pack([bucket], mode))  # one copy in this node's object store
+            if record is not None:  # a replacement's copy: the same object unless it holds no tensors
+                record.append(payload if mode == "object_store" else ray.put(pack([bucket], "object_store")))
             keep = bucket if mode == "cuda_ipc" else None  # handles: the tensors must outlive the loads
             window.append((keep, {w: self.actors[w].load.remote(payload, mode) for w in workers if w not in failed}))
             if mode == "nccl":
@@ -447,8 +460,9 @@ class RayExecutor:
             self.actors[w] = self._spawn(w)
             try:
                 ray.get(self.actors[w].pid.remote(), timeout=self.build_timeout)
-                if self._source is not None:  # the last weights (nccl: through the object store, alone)
-                    _, failed = self._stream([w], "object_store" if self.weight_sync == "nccl" else self.weight_sync)
+                if self._source is not None:  # the last weights (nccl, one-pass: through the object store)
+                    alone = self.weight_sync == "nccl" or self._kept is not None
+                    _, failed = self._stream([w], "object_store" if alone else self.weight_sync)
                     if failed:
                         raise failed[w]
                 if self.weight_sync == "nccl":  # a new generation of the group, the replacement in it

@@ -204,7 +204,8 @@ class RunLifecycle:
         current = latest_checkpoint(self.run_dir)
         if current is not None and current.name == f"ckpt-{self.step_index:06d}":
             return current
-        bad = first_nonfinite(self.model.named_parameters())
+        streamed = self.driver is not None and self.driver.streamed  # no whole policy here: checked as written
+        bad = None if streamed else first_nonfinite(self.model.named_parameters())
         if bad is not None:
             raise NonFiniteTrainingError(f"parameter {bad} is not finite at step {self.step_index}; "
                                          f"not checkpointing it. {self._last_good()}")
@@ -223,11 +224,17 @@ class RunLifecycle:
             "divergence": self.divergence.state_dict(),  # the running baselines of the divergence tests
         }
         sharded = {"write_sharded": self.driver.save} if self.driver is not None else {}  # every rank's shards
-        return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
+        policy = self.driver.policy() if self.driver is not None else self.model
+        return save_checkpoint(self.run_dir, self.step_index, policy, self.tokenizer, state,
                                config_to_yaml(self.config), self.config.log.keep_last, **sharded)
 
+    def _weights(self) -> Any:
+        """What the rollout backend syncs from: the policy, or (sharded training) what the driver gives."""
+        return self.driver.weights() if self.driver is not None else self.model
+
     def _restore(self, folder: Path) -> None:
-        load_policy_into(self.model, folder)
+        if self.driver is None or not self.driver.streamed:  # streamed: the shards come from dcp/ below
+            load_policy_into(self.model, folder)
         state = load_trainer_state(folder)  # checked field by field (runs/checkpoint.py)
         path = folder / "trainer.pt"
         check_trainer_state(state, path, require=RESUME_FIELDS)
@@ -258,7 +265,7 @@ class RunLifecycle:
         self.executor.load_eval_state({"trees_started": state.get("eval_trees_started", 0)})
         with restoring(path, "divergence"):
             self.divergence.load_state_dict(state.get("divergence", {}))
-        self.executor.sync_weights(self.model, self.step_index)  # the backend samples from the loaded weights
+        self.executor.sync_weights(self._weights(), self.step_index)  # the backend samples from the loaded weights
         self.log.truncate_after(self.step_index)
         self.rollout_log.truncate_after(self.step_index)
 

@@ -202,7 +202,7 @@ class Trainer(RunLifecycle):
         update = self._update([(t, a) for t, a in zip(trajectories, advantages, strict=True) if not t.infra_failed])
         if cfg.model.vllm_sleep:
             self.executor.wake_up()
-        self.executor.sync_weights(self.model, self.step_index + 1)  # the backend samples from the new weights
+        self.executor.sync_weights(self._weights(), self.step_index + 1)  # the backend samples from the new weights
         clock = self._phase_end(timings, "update", clock)
 
         self.rollout_log.write(self.step_index + 1, result.trees, advantages, self.predictor)  # before the metrics line
