@@ -40,6 +40,7 @@ from typing import Any
 
 from common import RESULTS, fresh_dir, machine, mean, write_json
 from scaling_memory import measure as memory_per_rank
+from scaling_memory import measure_training
 from scaling_sync import placement, weight_sync
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +77,7 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--out", default=str(RESULTS / "scaling.json"))
-    parser.add_argument("--parts", nargs="+", choices=["nproc", "sync", "placement", "memory"],
+    parser.add_argument("--parts", nargs="+", choices=["nproc", "sync", "placement", "memory", "training_memory"],
                         default=["nproc", "sync", "placement", "memory"],
                         help="what to measure (the file keeps the rest)")
     args = parser.parse_args()
@@ -105,6 +106,14 @@ def main() -> None:
         for row in memory["runs"]:
             print(f"memory nproc {row['nproc']} {row['mode']}: peak per rank +{row['max_peak_bytes'] / 1e6:.0f} MB "
                   f"({row['max_peak_over_model']:.2f}x the float32 model)")
+    if "training_memory" in args.parts:  # Ray: run with .venv-dist
+        work = fresh_dir(Path(os.environ.get("TMPDIR", "/tmp")) / "tracerl-scaling-training-memory")
+        report["training_memory_per_rank"] = train = measure_training(work)
+        for name, row in train["runs"].items():
+            mb = {r: round(b / 1e6) for r, b in row["training_private_bytes"].items()}
+            shared = {r: round(b / 1e6) for r, b in row["training_shared_bytes"].items()}
+            print(f"training memory {name}: private MB per rank while training {mb} (shared {shared}), rank 0 - "
+                  f"rank 1 = {row['rank0_minus_rank1_private_over_model']:.2f}x the float32 model")
     if "sync" in args.parts:
         report["weight_sync"] = sync = weight_sync()
         for name in ("float32", "bfloat16", "bfloat16_one_bucket"):

@@ -54,3 +54,12 @@ def test_checkpoints_stored_under_other_names_are_loaded_whole(tmp_path: Path) -
     reason = whole_load_reason(tmp_path)
     assert reason is not None and str(tmp_path) in reason and "stored under other names" in reason
     assert "'model.embed_tokens.weight'" in reason
+
+
+def test_the_sync_bucket_size_is_checked_at_config_load() -> None:
+    from tracerl.config.loading import ConfigError
+    from tracerl.config.schema import resolve_config
+
+    assert resolve_config("grpo", overrides=["rollout.sync_bucket_mb=16"]).rollout.sync_bucket_mb == 16
+    with pytest.raises(ConfigError, match="rollout.sync_bucket_mb must be an integer >= 1, got 0"):
+        resolve_config("grpo", overrides=["rollout.sync_bucket_mb=0"])

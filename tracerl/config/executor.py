@@ -48,7 +48,7 @@ def check_rollout_executor(rollout: Any) -> None:
         value = getattr(rollout, name)
         if value not in allowed:
             raise ConfigError(f"rollout.{name} = {value!r} is not valid; allowed values: {', '.join(allowed)}")
-    for name in ("workers", "scoring_workers"):
+    for name in ("workers", "scoring_workers", "sync_bucket_mb"):
         value = getattr(rollout, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"rollout.{name} must be an integer >= 1, got {value!r}")

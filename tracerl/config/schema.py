@@ -309,6 +309,9 @@ class RolloutConfig:
     weight_sync: str = "object_store"
     """How new weights reach Ray workers: ``object_store`` (buckets through ``ray.put``), ``cuda_ipc``
     (same-node GPU handles) or ``nccl`` (a broadcast group); the last two need CUDA."""
+    sync_bucket_mb: int = 256
+    """Size of one streamed weight bucket in MiB: the driver builds one at a time and holds two at
+    most while the workers load them (under ``--nproc``, each is gathered from the shards)."""
     readiness_on: str = "driver"
     """Where reference readiness is scored with ``executor = ray``: ``driver`` (the trainer's
     reference), ``workers`` (each rollout worker's own) or ``scoring_workers`` (separate actors)."""

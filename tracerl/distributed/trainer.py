@@ -134,6 +134,7 @@ class Driver:
         self.streamed = streamed
         if streamed:
             rollout_model.to("meta")  # its storage is freed; the shards are the policy from here on
+            _return_freed_memory()
 
     def weights(self) -> Any:
         """What the executor's ``sync_weights`` takes: the shards' stream, or the gathered copy."""
@@ -184,6 +185,18 @@ class Driver:
             self.channel.send("stop")
             dist.destroy_process_group()
         self.channel.stop_heartbeat()
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc's ``malloc_trim``): the released policy
+    was loaded in many allocations below glibc's mmap threshold, which ``free`` keeps in the heap."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):  # glibc only; elsewhere the pages stay
+        libc.malloc_trim(0)
 
 
 def load_full_state(model: Any, state: dict[str, torch.Tensor]) -> None:

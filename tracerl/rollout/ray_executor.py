@@ -94,7 +94,7 @@ class RayExecutor:
         self.driver_score = score
         self.version = int(spec.version)
         self.sync_dtype = getattr(torch, str(spec.config.get("model", {}).get("dtype", "float32")))
-        self.bucket_bytes = 256 * 2**20  # per streamed bucket (the driver holds two at most)
+        self.bucket_bytes = int(rollout.get("sync_bucket_mb", 256)) * 2**20  # the driver holds two at most
         res = rollout.get("worker_resources", {}) or {}
         self.resources = {"num_cpus": float(res.get("cpus", 1.0)), "num_gpus": float(res.get("gpus", 0.0))}
         scorers = int(rollout.get("scoring_workers", 1)) if self.readiness_on == "scoring_workers" else 0
