@@ -5,7 +5,8 @@ update the workers are sent the weights gathered one bucket at a time straight f
 shards (:class:`ShardStream`, what ``RayExecutor.sync_weights`` iterates), and a checkpoint's
 ``policy/`` is written the same way, one safetensors file per bucket (:func:`export_policy`).
 Each tensor's gather is a collective, so every rank iterates the same buckets in the same order:
-rank 0 through the executor or the export, the others through :func:`drain`.
+rank 0 through the executor or the export (each announced by a command: ``stream``, ``export``),
+the others through :func:`drain`.
 """
 
 from __future__ import annotations
@@ -22,15 +23,18 @@ from tracerl.models.weights import DEFAULT_BUCKET_BYTES, Bucket, weight_buckets
 
 class ShardStream:
     """The sharded policy's weights as a one-pass stream of buckets (``stream_once``: the executor
-    keeps what it sent for a replacement worker instead of iterating twice)."""
+    keeps what it sent for a replacement worker instead of iterating twice). Reading it first tells
+    the other ranks to join (``stream``), so a sync never waits on ranks that were not told, also
+    after a step that trained nothing."""
 
     stream_once = True
 
-    def __init__(self, model: Any) -> None:
-        self.model = model
+    def __init__(self, model: Any, channel: Any) -> None:
+        self.model, self.channel = model, channel
 
     def buckets(self, bucket_bytes: int, dtype: torch.dtype | None) -> Iterator[Bucket]:
         """Buckets in ``dtype`` (each tensor gathered from its shards as its bucket is built)."""
+        self.channel.send("stream")
         return weight_buckets(self.model, bucket_bytes, dtype)
 
 

@@ -11,8 +11,8 @@ rollout workers rank 0 keeps no such copy: the workers and ``policy/`` get the w
 from the shards (:mod:`~tracerl.distributed.streamed`, command ``export``).
 
 Commands (through the rendezvous store, :mod:`tracerl.distributed.commands`): ``run`` (the run
-folder), ``update`` (then a scatter of shares), ``save``/``load`` a DCP folder, ``export``
-(streamed ``policy/``), ``stop``. Between
+folder), ``update`` (then a scatter of shares), ``save``/``load`` a DCP folder, ``stream``
+and ``export`` (the weights streamed to Ray workers or into ``policy/``), ``stop``. Between
 commands the other ranks wait on the store while rank 0 beats, so rank 0's own phases (sampling,
 scoring, evaluation, checkpoints) never count against ``dist.timeout_s``; the collectives after a
 command do. The other ranks do nothing else, so they never touch the run folder except
@@ -138,7 +138,7 @@ class Driver:
 
     def weights(self) -> Any:
         """What the executor's ``sync_weights`` takes: the shards' stream, or the gathered copy."""
-        return ShardStream(self.sharded.model) if self.streamed else self.rollout_model
+        return ShardStream(self.sharded.model, self.channel) if self.streamed else self.rollout_model
 
     def policy(self) -> Any:
         """What a checkpoint's ``policy/`` is written from (``save_pretrained``)."""
@@ -230,19 +230,17 @@ def serve(config: TrainConfig) -> None:
     streamed = streams_weights(config)
 
     def gather() -> None:
-        if streamed:
-            drain(sharded.model)
-        else:
+        if not streamed:  # streamed: rank 0 announces each stream (``stream``) when the workers take it
             full_state_dict(sharded.model)
     try:
         while True:
             kind, arg = channel.receive()  # rank 0's own phases: waited for while it beats
             if kind == "update":
                 sharded.run_update(scatter_shares(None))
-                gather()  # rank 0 gathers the new weights (streamed: into the rollout workers)
+                gather()  # rank 0 gathers the new weights into its copy
             elif kind == "save":
                 save_sharded(Path(arg), sharded.model, sharded.optimizer)
-            elif kind == "export":  # streamed: rank 0 writes policy/ from the shards
+            elif kind in ("stream", "export"):  # no copy on rank 0: to the rollout workers, or policy/
                 drain(sharded.model)
             elif kind == "load":
                 load_sharded(Path(arg), sharded.model, sharded.optimizer)
