@@ -298,7 +298,7 @@ def _levers_table(data: dict[str, Any]) -> str:
                      f"{r['method']} {r['steps']}" if r["steps"] else "-", _hops(final.get("by_hops")) if final else "-",
                      fmt(r.get("step_seconds_mean")), fmt(r.get("base_seconds"))])
     return ("**testbed_levers** (unseen world; sampled: 2 episodes per question at the rollout temperature; "
-            "per hop count 1 / 2 / 3)\n\n" + table(
+            "per hop count 1 / 2 / 3) [base: each row's model pretrained for it, not recorded]\n\n" + table(
                 ["label", "overrides", "questions", "base sampled success", "base turns", "base greedy", "trained",
                  "final greedy accuracy", "s / step", "base eval s"], rows))
 
@@ -322,6 +322,31 @@ def _credit_table(data: dict[str, Any]) -> str:
                  "seen-world acc", "tokens / step at the end", "effective ratio"], rows))
 
 
+def base_label(path: Path, data: dict[str, Any], results: Path = RESULTS) -> str:
+    """Which base model a results file's figures rest on, for its table's title: the sha256 its
+    ``provenance`` records; else a match that ``base_identity.py`` found (its base figures equal the
+    shipped base's, ``base_identity.json``); else an earlier pretraining draw that was not recorded."""
+    model = (data.get("provenance") or {}).get("base_model") or {}
+    if model.get("sha256"):
+        source = "shipped" if model.get("source") == "shipped" else str(model.get("source") or "local")
+        return f"base: {source} `{model.get('tiny_preset') or model.get('name_or_path')}` {model['sha256'][:8]}"
+    identity = results / "base_identity.json"
+    if identity.exists():
+        known = json.loads(identity.read_text())
+        entry = known.get("files", {}).get(path.name, {})
+        if entry.get("verdict") == "identified":
+            shipped = known["base_models"][entry["setting"]]
+            return (f"base: identified as the shipped `{shipped['tiny_preset']}` {shipped['sha256'][:8]} by its base "
+                    "figures (`base_identity.json`)")
+    return "base: an earlier pretraining draw, not recorded"
+
+
+def _labelled(part: str, path: Path, data: dict[str, Any], results: Path) -> str:
+    """``part`` with :func:`base_label` after its bold title."""
+    head, sep, tail = part.partition("\n")
+    return f"{head} [{base_label(path, data, results)}]{sep}{tail}"
+
+
 def markdown_tables(results: Path = RESULTS) -> str:
     """The README tables from whichever result files exist."""
     parts = []
@@ -336,7 +361,7 @@ def markdown_tables(results: Path = RESULTS) -> str:
             continue
         data = json.loads(path.read_text())
         if any(m.get("final_accuracy_by_hops") for m in data["methods"].values()):
-            parts.append(_hops_table(path.stem, data))
+            parts.append(_labelled(_hops_table(path.stem, data), path, data, results))
             if any(m.get("paired_vs_grpo") for m in data["methods"].values()):
                 parts.append(protocol_table(path.stem, data))
             continue
@@ -346,13 +371,14 @@ def markdown_tables(results: Path = RESULTS) -> str:
                  fmt(m.get("tokens_fraction_of_grpo")), fmt(m.get("tokens_to_90pct_grpo_final"))]
                 for name, m in data["methods"].items()]
         setting = data.get("setting", {})
-        parts.append(title(path.stem, data) + f" ({setting.get('seeds')} seeds x {setting.get('steps')} steps, "
+        parts.append(_labelled(title(path.stem, data) + f" ({setting.get('seeds')} seeds x {setting.get('steps')} steps, "
                      f"lr {setting.get('lr')}, base accuracy {fmt(data.get('base_accuracy'), True)})\n\n" + table(
             ["method", "unseen-world acc", "std", "seen-world acc", "re-drawn facts acc", "effective ratio",
-             "tokens to GRPO final", "fraction of GRPO tokens", "tokens to 90% of GRPO final"], rows))
+             "tokens to GRPO final", "fraction of GRPO tokens", "tokens to 90% of GRPO final"], rows), path, data, results))
     path = results / "credit_sweep.json"
     if path.exists():
-        parts.append(_credit_table(json.loads(path.read_text())))
+        data = json.loads(path.read_text())
+        parts.append(_labelled(_credit_table(data), path, data, results))
     path = results / "testbed_levers.json"
     if path.exists():
         parts.append(_levers_table(json.loads(path.read_text())))
@@ -365,10 +391,11 @@ def markdown_tables(results: Path = RESULTS) -> str:
         rows = [[name, fmt(m["effective_ratio"]), fmt(data["ratio_vs_chain"][name]), fmt(m["success_rate"], True),
                  fmt(m["prompts_per_step"]), " -> ".join(fmt(a) for a in auc[name]) if name in auc else "-"]
                 for name, m in data["schemes"].items()]
-        parts.append(f"**{path.stem}** ({data['seeds_done']} seeds x {setup['steps']} steps, budget {setup['budget']}, "
-                     f"{world['min_hops']}-{world['max_hops']} hops, search top-{setup.get('search_top_k', 3)}, no training)"
-                     "\n\n" + table(["scheme", "effective ratio", "x chain", "rollout success", "prompts / step",
-                                       "predictor held-out AUC, step 1 -> last"], rows))
+        parts.append(_labelled(
+            f"**{path.stem}** ({data['seeds_done']} seeds x {setup['steps']} steps, budget {setup['budget']}, "
+            f"{world['min_hops']}-{world['max_hops']} hops, search top-{setup.get('search_top_k', 3)}, no training)"
+            "\n\n" + table(["scheme", "effective ratio", "x chain", "rollout success", "prompts / step",
+                              "predictor held-out AUC, step 1 -> last"], rows), path, data, results))
     path = results / "step_overhead.json"
     if path.exists():
         data = json.loads(path.read_text())
@@ -396,8 +423,8 @@ def markdown_tables(results: Path = RESULTS) -> str:
         data = json.loads(path.read_text())
         rows = [[name, fmt(m["leaves"]), fmt(m["generated_tokens_per_leaf"]), fmt(m["saved_fraction_vs_chain"]),
                  fmt(m["seconds_per_leaf"])] for name, m in data["schemes"].items()]
-        parts.append(title("tree_savings", data) + "\n\n" + table(
-            ["scheme", "leaves", "generated tokens / leaf", "saved vs chain", "s / leaf"], rows))
+        parts.append(_labelled(title("tree_savings", data) + "\n\n" + table(
+            ["scheme", "leaves", "generated tokens / leaf", "saved vs chain", "s / leaf"], rows), path, data, results))
     path = results / "vs_trl.json"
     if path.exists():
         data = json.loads(path.read_text())

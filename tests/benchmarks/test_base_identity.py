@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -46,3 +47,18 @@ def test_identified_needs_every_shared_figure_equal_and_one_of_them_not_zero() -
     assert verdict({0: {"greedy": True, "sampled": {"file": 1, "shipped": 0}}}, mine) == "differs"
     assert verdict({1: {"greedy": True}}, mine) == "not comparable"  # an all-zero base rate identifies nothing
     assert verdict({0: {}}, mine) == "not comparable"
+
+
+def test_a_table_names_its_base_recorded_identified_or_unrecorded(tmp_path: Path) -> None:
+    from common import base_label
+
+    shipped = {"provenance": {"base_model": {"source": "shipped", "tiny_preset": "bench_hops", "sha256": "33c5e173ab"}}}
+    assert base_label(tmp_path / "a.json", shipped, tmp_path) == "base: shipped `bench_hops` 33c5e173"
+    assert base_label(tmp_path / "old.json", {}, tmp_path) == "base: an earlier pretraining draw, not recorded"
+    (tmp_path / "base_identity.json").write_text(json.dumps({
+        "base_models": {"credit": {"tiny_preset": "bench_hops", "sha256": "33c5e173ab"}},
+        "files": {"old.json": {"setting": "credit", "verdict": "identified"},
+                  "other.json": {"setting": "credit", "verdict": "differs"}}}))
+    assert base_label(tmp_path / "old.json", {}, tmp_path) == (
+        "base: identified as the shipped `bench_hops` 33c5e173 by its base figures (`base_identity.json`)")
+    assert base_label(tmp_path / "other.json", {}, tmp_path) == "base: an earlier pretraining draw, not recorded"
