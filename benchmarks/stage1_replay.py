@@ -1,24 +1,36 @@
 """Which hop counts each stage-1 option spends on, replayed from per-hop success rates (no model).
 
 Stage 1 with an exact predictor: every pool prompt's root value is its hop count's base success
-rate (the ``bench_hops`` base model's sampled 22% / 6.3% / 0.9% on 1 / 2 / 3-hop questions,
-``tracerl/testbed/tiny_config.py``), a pool of 16 prompts with hop counts drawn uniformly, the
+rate (by default the shipped ``bench_hops`` base model's sampled success per hop on the ``bench``
+testbed, seed 0, as ``base_identity.py`` measured it: ``results/base_identity.json``; ``--rates``
+gives others), a pool of 16 prompts with hop counts drawn uniformly, the
 testbed's budget (64 rollouts, groups of 8, stage 1 half of it), 2,000 pools. Reports the share
 of stage-1 rollouts per hop count for the paper's stage 1 and each option (docs/TRACE.md
 section 3): where the plan itself puts the budget, before any predictor error or training.
 
     python benchmarks/stage1_replay.py   # a few seconds
+    python benchmarks/stage1_replay.py --rates 0.22 0.063 0.009 --out /tmp/replay.json
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import random
+from pathlib import Path
 
 from common import RESULTS, write_json
 
 from tracerl.core.allocation import allocate_roots, exploration_prompts
 
-RATES = {1: 0.22, 2: 0.063, 3: 0.009}
+
+def measured_rates(path: Path = RESULTS / "base_identity.json") -> tuple[dict[int, float], dict]:
+    """The shipped ``bench_hops`` base's sampled success per hop count (bench testbed, seed 0) and
+    where it comes from."""
+    data = json.loads(path.read_text())
+    sampled = data["measured"]["bench"]["0"]["sampled"]
+    source = {"file": f"results/{path.name}", "setting": "bench", "seed": 0, "base_model": data["base_models"]["bench"]}
+    return {h: sampled[str(h)] for h in (1, 2, 3)}, source
 
 
 def explore_plan(values: list[float], seed: int) -> list[int]:
@@ -32,11 +44,20 @@ def explore_plan(values: list[float], seed: int) -> list[int]:
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rates", type=float, nargs=3, metavar=("ONE", "TWO", "THREE"),
+                   help="Root values of 1-, 2- and 3-hop prompts (default: the shipped base's, measured).")
+    p.add_argument("--out", type=Path, default=RESULTS / "stage1_replay.json")
+    args = p.parse_args()
+    if args.rates:
+        rates, source = dict(zip((1, 2, 3), args.rates, strict=True)), {"given": "--rates"}
+    else:
+        rates, source = measured_rates()
     rng = random.Random(0)
     totals: dict[str, dict[int, int]] = {}
     for step in range(2000):
         pool = [rng.choice([1, 2, 3]) for _ in range(16)]
-        v = [RATES[h] for h in pool]
+        v = [rates[h] for h in pool]
         plans = {
             "paper": allocate_roots(v, 32, min_per_prompt=8),
             "floor (m_min 2, stage 1 48)": allocate_roots(v, 48, min_per_prompt=8, floor_per_prompt=2),
@@ -50,8 +71,8 @@ def main() -> None:
     shares = {name: {str(h): t[h] / sum(t.values()) for h in (1, 2, 3)} for name, t in totals.items()}
     for name, s in shares.items():
         print(f"{name:>36}: " + " / ".join(f"{100 * s[h]:.1f}%" for h in ("1", "2", "3")))
-    write_json(RESULTS / "stage1_replay.json", {"rates": RATES, "pools": 2000, "pool_size": 16,
-                                                "stage1_rollout_share_by_hops": shares})
+    write_json(args.out, {"rates": rates, "rates_from": source, "pools": 2000, "pool_size": 16,
+                          "stage1_rollout_share_by_hops": shares})
 
 
 if __name__ == "__main__":
