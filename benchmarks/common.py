@@ -363,7 +363,7 @@ def markdown_tables(results: Path = RESULTS) -> str:
         if any(m.get("final_accuracy_by_hops") for m in data["methods"].values()):
             parts.append(_labelled(_hops_table(path.stem, data), path, data, results))
             if any(m.get("paired_vs_grpo") for m in data["methods"].values()):
-                parts.append(protocol_table(path.stem, data))
+                parts.append(_labelled(protocol_table(path.stem, data), path, data, results))
             continue
         rows = [[name, fmt(m["final_accuracy_mean"], True), fmt(m["final_accuracy_std"], True),
                  fmt(m.get("train_accuracy_mean"), True), fmt(m.get("redrawn_accuracy_mean"), True),
