@@ -33,6 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -71,33 +72,42 @@ def _params(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().cpu().clone() for k, v in trainer.model.state_dict().items()}
 
 
+def _check_preset(preset: str, device: str, dtype: str, work: Path) -> dict[str, Any]:
+    _peak_reset(device)
+    start = time.perf_counter()
+    trainer = Trainer(_smoke_config(preset, device, dtype, 3), work / preset)
+    before = _params(trainer)
+    records = trainer.run(3)
+    after = _params(trainer)
+    moved = any(not torch.equal(before[k], after[k]) for k in before)
+    finite = all(torch.isfinite(v).all() for v in after.values())
+    result = {
+        "losses": [r.get("loss") for r in records],
+        "trained_tokens": [r.get("trained_tokens") for r in records],
+        "params_changed": bool(moved),
+        "weights_finite": bool(finite),
+        "phase_seconds": {k[5:]: round(sum(r.get(k, 0.0) for r in records), 3)
+                          for k in records[-1] if k.startswith("time_")},
+        "phase_peak_memory_gb": {k[12:]: max((r.get(k) or 0.0) for r in records)
+                                 for k in records[-1] if k.startswith("peak_mem_gb_")},
+        "seconds": round(time.perf_counter() - start, 2),
+        "peak_memory_gb": _peak_gb(device),
+        "ok": bool(moved and finite and any((t or 0) > 0 for t in (r.get("trained_tokens") for r in records))),
+    }
+    trainer.close() if hasattr(trainer, "close") else None
+    del trainer
+    return result
+
+
 def check_presets(device: str, dtype: str, work: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for preset in PRESETS:
-        _peak_reset(device)
-        start = time.perf_counter()
-        trainer = Trainer(_smoke_config(preset, device, dtype, 3), work / preset)
-        before = _params(trainer)
-        records = trainer.run(3)
-        after = _params(trainer)
-        moved = any(not torch.equal(before[k], after[k]) for k in before)
-        finite = all(torch.isfinite(v).all() for v in after.values())
-        out[preset] = {
-            "losses": [r.get("loss") for r in records],
-            "trained_tokens": [r.get("trained_tokens") for r in records],
-            "params_changed": bool(moved),
-            "weights_finite": bool(finite),
-            "phase_seconds": {k[5:]: round(sum(r.get(k, 0.0) for r in records), 3)
-                              for k in records[-1] if k.startswith("time_")},
-            "phase_peak_memory_gb": {k[12:]: max((r.get(k) or 0.0) for r in records)
-                                     for k in records[-1] if k.startswith("peak_mem_gb_")},
-            "seconds": round(time.perf_counter() - start, 2),
-            "peak_memory_gb": _peak_gb(device),
-            "ok": bool(moved and finite and any((t or 0) > 0 for t in (r.get("trained_tokens") for r in records))),
-        }
-        trainer.close() if hasattr(trainer, "close") else None
-        del trainer
-        print(f"preset {preset}: {out[preset]['ok']} ({out[preset]['seconds']} s)", flush=True)
+        try:
+            out[preset] = _check_preset(preset, device, dtype, work)
+        except Exception as exc:  # one preset's failure is recorded; the others still run
+            traceback.print_exc()
+            out[preset] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        print(f"preset {preset}: {out[preset]['ok']} ({out[preset].get('seconds')} s)", flush=True)
     return out
 
 
@@ -122,6 +132,20 @@ def check_resume(device: str, dtype: str, work: Path) -> dict[str, Any]:
         "last_loss_resumed": loss_b,
         "ok": bool(second.step_index == 3 and max_diff < 1e-2),
     }
+
+
+def _write(report: dict[str, Any], out: str, start: float, *, complete: bool) -> None:
+    """Write the report so far; ``ok`` is false until every section asked for has run and passed."""
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    checks = [report[s]["ok"] for s in ("resume",) if s in report]
+    checks += [v["ok"] for v in report.get("presets", {}).values()]
+    checks += [report[s]["ok"] for s in ("scorer", "engine", "update", "packed_update") if s in report]
+    report["complete"] = complete
+    report["ok"] = complete and all(checks)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(f"{out}.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(out)
 
 
 def main() -> None:
@@ -166,17 +190,16 @@ def main() -> None:
             if name in args.skip:
                 continue
             _peak_reset(args.device)
-            report[name] = run()
-            print(f"{name}: done", flush=True)
+            try:
+                report[name] = run()
+            except Exception as exc:  # a failed section is recorded and the others still run
+                traceback.print_exc()
+                report[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            print(f"{name}: {'done' if report[name].get('ok', True) else 'FAILED'}", flush=True)
+            _write(report, args.out, start, complete=False)  # a run stopped later keeps what it measured
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report["seconds"] = round(time.perf_counter() - start, 1)
-    checks = [report[s]["ok"] for s in ("resume",) if s in report]
-    checks += [v["ok"] for v in report.get("presets", {}).values()]
-    checks += [report[s]["ok"] for s in ("scorer", "engine", "update", "packed_update") if s in report]
-    report["ok"] = all(checks)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    _write(report, args.out, start, complete=True)
     print(json.dumps({k: report[k] for k in ("ok", "seconds")}))
     sys.exit(0 if report["ok"] else 1)
 

@@ -41,3 +41,4 @@ def test_dry_run_passes_on_the_cpu(tmp_path: Path) -> None:
     assert report["ipc"]["equal_weights"] and report["ipc"]["transport"] == "cpu_shared_memory"
     assert report["dcp"]["equal_weights"] and report["dcp"]["equal_optimizer"]
     assert report["shard_load"]["equal_to_saved"] and report["shard_load"]["shard_gb"] > 0
+    assert report["complete"] and report["ok"]

@@ -49,7 +49,7 @@ def _batch(model: torch.nn.Module, n: int = 4) -> tuple[list[Trajectory], list[t
     """Trajectories with on-policy old log-probs and alternating +-1 advantages on sampled tokens."""
     trajs = [_trajectory(seed, turns=1 + seed % 2) for seed in range(n)]
     for traj in trajs:
-        ids = torch.tensor([traj.token_ids])
+        ids = torch.tensor([traj.token_ids], device=next(model.parameters()).device)
         with torch.no_grad():
             logprobs = token_logprobs(model, ids, torch.ones_like(ids), 1.0)[0].tolist()
         for turn, (start, end) in zip(traj.turns, traj.turn_spans, strict=True):
