@@ -5,7 +5,8 @@ generator seed), so the effect of an arm is read seed by seed: ``arm - grpo`` pe
 (:func:`paired_stats`): the mean difference with its 95% t-interval and two-sided paired t-test
 p-value, the exact sign-flip p-value of the mean (no normality assumed), and a percentile
 bootstrap interval only from :data:`stats.BOOTSTRAP_MIN_N` seeds on. :func:`add_holm` adjusts the
-t-test p-values over the arms of one table, per metric. The endpoint is held-out *sampled* success
+t-test p-values over the arms of one table, per metric, and reads each arm as :func:`decide` does
+(the rule the look-alike credit test registered before it ran). The endpoint is held-out *sampled* success
 per hop count (several samples per question at the rollout temperature) beside greedy accuracy; the
 questions are one draw of the unseen world's test split, so each hop count has its own number of
 them (``questions_per_hop`` in the JSON). A run that collapses (:data:`COLLAPSE_RULE`) or escapes
@@ -19,7 +20,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from stats import BOOTSTRAP_MIN_N, holm, paired_bootstrap, paired_t, sign_flip, wilson
+from stats import BOOTSTRAP_MIN_N, holm, holm_thresholds, paired_bootstrap, paired_t, sign_flip, wilson
 from tables import fmt, pm, table, title
 
 COLLAPSE_RULE = ("collapsed: the training reward is 0 on each of the last 10 steps, or the final sampled success "
@@ -101,14 +102,34 @@ def paired_stats(deltas: list[float]) -> dict[str, Any]:
                               "is narrower than the t-interval; not reported"}
 
 
-def add_holm(methods: dict[str, dict[str, Any]], baseline: str = "grpo") -> None:
-    """Set ``p_holm`` of every arm's ``paired_vs_grpo[metric]``: Holm over the arms of one table
-    (the baseline excluded), per metric, on the t-test p-values. Changes ``methods`` in place."""
+ALPHA = 0.05
+"""The family-wise error rate of one table's comparisons with GRPO, per metric."""
+
+
+def decide(mean: float | None, p_holm: float | None, p_signflip: float | None, step: float | None,
+           alpha: float = ALPHA) -> str:
+    """The pre-registered reading of one arm's paired differences: ``higher`` or ``lower`` than
+    GRPO when the t-test passes Holm's procedure (``p_holm <= alpha``) and the sign-flip p-value is
+    at most the same step of it (``step``: alpha / (m - rank), :func:`stats.holm_thresholds`);
+    otherwise ``unresolved`` (at this number of seeds)."""
+    if None in (mean, p_holm, p_signflip, step) or mean == 0:
+        return "unresolved"
+    if p_holm <= alpha and p_signflip <= step:  # type: ignore[operator]
+        return "higher" if mean > 0 else "lower"  # type: ignore[operator]
+    return "unresolved"
+
+
+def add_holm(methods: dict[str, dict[str, Any]], baseline: str = "grpo", alpha: float = ALPHA) -> None:
+    """Set ``p_holm`` and ``decision`` (:func:`decide`) of every arm's ``paired_vs_grpo[metric]``:
+    Holm over the arms of one table (the baseline excluded), per metric, on the t-test p-values.
+    Changes ``methods`` in place."""
     arms = [m for name, m in methods.items() if name != baseline and m.get("paired_vs_grpo")]
     for metric in sorted({k for m in arms for k in m["paired_vs_grpo"]}):
         cells = [m["paired_vs_grpo"][metric] for m in arms if metric in m["paired_vs_grpo"]]
-        for cell, p in zip(cells, holm([c.get("p_t") for c in cells]), strict=True):
+        pvalues = [c.get("p_t") for c in cells]
+        for cell, p, step in zip(cells, holm(pvalues), holm_thresholds(pvalues, alpha), strict=True):
             cell["p_holm"] = p
+            cell["decision"] = decide(cell.get("mean"), p, cell.get("p_signflip"), step, alpha)
 
 
 def _p(value: float | None) -> str:

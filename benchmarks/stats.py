@@ -136,6 +136,15 @@ def holm(pvalues: list[float | None]) -> list[float | None]:
     return out
 
 
+def holm_thresholds(pvalues: list[float | None], alpha: float = 0.05) -> list[float | None]:
+    """Each p-value's step of Holm's procedure, in the order given (None stays None): with m
+    p-values sorted ascending, the i-th (from 0) is compared with alpha / (m - i)."""
+    order = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
+    out: list[float | None] = [None] * len(pvalues)
+    for rank, (_, i) in enumerate(order):
+        out[i] = alpha / (len(order) - rank)
+    return out
+
 def wilson(successes: int, n: int) -> tuple[float, float] | None:
     """The Wilson score 95% interval of a proportion ``successes / n``; None for n = 0."""
     if n == 0:

@@ -127,6 +127,29 @@ def test_holm_steps_down_and_stays_monotone() -> None:
     assert all(adjusted[a] <= adjusted[b] for a, b in zip(order, order[1:], strict=False))
 
 
+def test_holm_thresholds_are_the_step_of_each_p_value() -> None:
+    # sorted 0.01, 0.03, 0.04 (m = 3): 0.05 / 3, 0.05 / 2, 0.05 / 1
+    assert stats.holm_thresholds([0.01, 0.04, 0.03, None]) == pytest.approx([0.05 / 3, 0.05, 0.025, None])
+
+
+def test_decision_needs_holm_and_the_sign_flip_at_the_same_step() -> None:
+    # Two arms (the look-alike test's family): p_t 0.01 and 0.04 -> Holm 0.02 and 0.04, both <= 0.05;
+    # their steps are 0.025 and 0.05. The first's sign flip (0.02) is under 0.025: resolved; the
+    # second's (0.06) is over 0.05: unresolved although its t-test passes.
+    methods = {"grpo": {},
+               "a": {"paired_vs_grpo": {"m": {"mean": 0.03, "p_t": 0.01, "p_signflip": 0.02}}},
+               "b": {"paired_vs_grpo": {"m": {"mean": -0.02, "p_t": 0.04, "p_signflip": 0.06}}}}
+    protocol.add_holm(methods)
+    a, b = methods["a"]["paired_vs_grpo"]["m"], methods["b"]["paired_vs_grpo"]["m"]
+    assert (a["p_holm"], b["p_holm"]) == pytest.approx((0.02, 0.04))
+    assert (a["decision"], b["decision"]) == ("higher", "unresolved")
+    # A negative mean that passes both reads "lower"; a sign flip of 0.03 fails the first step (0.025).
+    assert protocol.decide(-0.02, 0.02, 0.02, 0.025) == "lower"
+    assert protocol.decide(0.02, 0.02, 0.03, 0.025) == "unresolved"
+    # Holm 0.06 > 0.05: unresolved whatever the sign flip says; missing tests: unresolved.
+    assert protocol.decide(0.05, 0.06, 0.001, 0.05) == "unresolved"
+    assert protocol.decide(0.05, None, 0.001, 0.05) == "unresolved"
+
 def test_wilson_interval_by_hand() -> None:
     assert stats.wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)  # z^2 / (n + z^2) = 3.8415 / 13.8415
     assert stats.wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
