@@ -112,10 +112,10 @@ def decide(mean: float | None, p_holm: float | None, p_signflip: float | None, s
     GRPO when the t-test passes Holm's procedure (``p_holm <= alpha``) and the sign-flip p-value is
     at most the same step of it (``step``: alpha / (m - rank), :func:`stats.holm_thresholds`);
     otherwise ``unresolved`` (at this number of seeds)."""
-    if None in (mean, p_holm, p_signflip, step) or mean == 0:
+    if mean is None or p_holm is None or p_signflip is None or step is None or mean == 0:
         return "unresolved"
-    if p_holm <= alpha and p_signflip <= step:  # type: ignore[operator]
-        return "higher" if mean > 0 else "lower"  # type: ignore[operator]
+    if p_holm <= alpha and p_signflip <= step:
+        return "higher" if mean > 0 else "lower"
     return "unresolved"
 
 
