@@ -3,9 +3,10 @@
 Every benchmark builds its runs from the same :func:`tracerl.config.schema.resolve_config` call as
 ``tracerl train`` (preset, optional ``--smoke`` overlay, ``--set a.b=value`` overrides), so a
 benchmark setting is reproducible with the CLI. Run as a script, this module prints the Markdown
-tables of the committed result files (what benchmarks/README.md shows):
+tables of the committed result files (what benchmarks/README.md shows), or refreshes them in place:
 
     python benchmarks/common.py
+    python benchmarks/common.py --splice benchmarks/README.md   # --check: exit 1 when one is stale
 """
 
 from __future__ import annotations
@@ -349,6 +350,11 @@ def _labelled(part: str, path: Path, data: dict[str, Any], results: Path) -> str
 
 def markdown_tables(results: Path = RESULTS) -> str:
     """The README tables from whichever result files exist."""
+    return "\n\n".join(table_parts(results))
+
+
+def table_parts(results: Path = RESULTS) -> list[str]:
+    """Each README table (its bold title line, blank line, Markdown table) from the result files."""
     parts = []
     path = results / "reference_scoring.json"
     if path.exists():
@@ -436,8 +442,89 @@ def markdown_tables(results: Path = RESULTS) -> str:
         parts.append(title("vs_trl", data) + "\n\n" + "\n".join(errors + [""]) + table(
             ["framework", "generated tokens / s", "update: batch tokens / s", "update: forwarded tokens / s", "step s",
              "tokens / completion"], rows))
-    return "\n\n".join(parts)
+    return parts
+
+
+def table_key(block: str) -> str | None:
+    """``NAME`` of a block that opens with ``**NAME**`` (``NAME:protocol`` for a protocol table)."""
+    first = block.split("\n", 1)[0]
+    if not first.startswith("**") or "**" not in first[2:]:
+        return None
+    name = first[2:first.index("**", 2)]
+    return f"{name}:protocol" if first.startswith(f"**{name}**: the comparison protocol") else name
+
+
+def _tables(lines: list[str]) -> int:
+    """How many Markdown tables (runs of ``|`` lines) ``lines`` hold."""
+    return sum(1 for i, line in enumerate(lines) if line.startswith("|") and (i == 0 or not lines[i - 1].startswith("|")))
+
+
+def _skip_blank(lines: list[str], j: int) -> int:
+    while j < len(lines) and not lines[j].strip():
+        j += 1
+    return j
+
+
+def _blocks(text: str, tables: dict[str, int]) -> list[tuple[int, int, str]]:
+    """``(start, end, key)`` line spans of the tables in ``text`` whose key ``tables`` names: a
+    ``**NAME**`` title line, blank lines, the table's ``|`` lines, then, for a block of
+    ``tables[key]`` tables, each further one with the single caption line before it."""
+    lines, out, i = text.split("\n"), [], 0
+    while i < len(lines):
+        key = table_key(lines[i])
+        j = _skip_blank(lines, i + 1)
+        if key not in tables or j >= len(lines) or not lines[j].startswith("|"):
+            i += 1
+            continue
+        for n in range(tables[key]):
+            if n:  # a caption line, then the next table
+                caption = _skip_blank(lines, j)
+                k = _skip_blank(lines, caption + 1)
+                if (caption >= len(lines) or lines[caption].startswith(("|", "#", "**"))
+                        or k >= len(lines) or not lines[k].startswith("|")):
+                    break
+                j = k
+            while j < len(lines) and lines[j].startswith("|"):
+                j += 1
+        out.append((i, j, key))
+        i = j
+    return out
+
+
+def splice(text: str, parts: list[str]) -> tuple[str, list[str]]:
+    """``text`` with every table that ``parts`` also makes replaced by the fresh one; returns the
+    new text and the keys whose table changed. Tables ``parts`` does not make stay as they are."""
+    fresh = {table_key(part): part.split("\n") for part in parts}
+    counts = {key: _tables(part) for key, part in fresh.items() if key is not None}
+    lines, changed = text.split("\n"), []
+    for start, end, key in reversed(_blocks(text, counts)):
+        if lines[start:end] != fresh[key]:
+            lines[start:end] = fresh[key]
+            changed.append(key)
+    return "\n".join(lines), sorted(changed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Print the README tables of the committed results, or "
+                                                 "refresh them in a Markdown file.")
+    parser.add_argument("--splice", type=Path, metavar="FILE",
+                        help="Replace each table FILE already holds with the one the results make now.")
+    parser.add_argument("--check", type=Path, metavar="FILE",
+                        help="Exit 1, naming them, when tables in FILE differ from what the results make.")
+    args = parser.parse_args()
+    if args.splice is None and args.check is None:
+        sys.stdout.write(markdown_tables() + "\n")
+        return
+    path = args.splice or args.check
+    text = path.read_text(encoding="utf-8")
+    new, changed = splice(text, table_parts())
+    if args.splice is not None and changed:
+        path.write_text(new, encoding="utf-8")
+    verb = "refreshed" if args.splice is not None else "differ from the results"
+    print(f"{path}: {len(changed)} table(s) {verb}" + (": " + ", ".join(changed) if changed else ""))
+    if args.check is not None and changed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
-    sys.stdout.write(markdown_tables() + "\n")
+    main()
