@@ -86,10 +86,16 @@ def recorded(data: dict[str, Any]) -> dict[int, dict[str, Any]]:
         for run in arm if isinstance(arm, list) else []:
             if not isinstance(run, dict) or "seed" not in run or run["seed"] in out or not run.get("curve"):
                 continue
-            first = run["curve"][0]
-            out[run["seed"]] = {"greedy": first.get("accuracy"), "greedy_by_hops": first.get("accuracy_by_hops"),
-                                "sampled": run.get("sampled_base")}
+            out[run["seed"]] = base_of(run)
     return out
+
+
+def base_of(run: dict[str, Any]) -> dict[str, Any]:
+    """One run's figures measured before its first update: greedy accuracy (and per hop count) at
+    step 0 of its curve, and the sampled endpoint on the base model."""
+    first = (run.get("curve") or [{}])[0]
+    return {"greedy": first.get("accuracy"), "greedy_by_hops": first.get("accuracy_by_hops"),
+            "sampled": run.get("sampled_base")}
 
 
 def compare(mine: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:

@@ -138,7 +138,7 @@ def test_provenance_records_the_shipped_sha256_and_the_machine() -> None:
     folder = base_model_record(str(weights_root() / "smoke"))
     assert folder["sha256"] == file_sha256(weights_root() / "smoke" / WEIGHTS_FILE) and folder["source"] == "path"
     facts = machine_facts()
-    assert {"torch", "cpu", "cpu_count", "torch_threads", "platform", "python", "gpu"} <= set(facts)
+    assert {"torch", "transformers", "cpu", "cpu_count", "torch_threads", "platform", "python", "gpu"} <= set(facts)
     assert json.loads(json.dumps(provenance("tiny", "smoke")))["base_model"]["source"] == "shipped"
 
 

@@ -21,10 +21,14 @@ __all__ = ["base_model_record", "machine_facts", "provenance"]
 
 
 def machine_facts() -> dict[str, Any]:
-    """torch version, CPU model, cores and torch threads, platform, Python, and the GPU if any."""
+    """torch and transformers versions, CPU model, cores and torch threads, platform, Python, and the
+    GPU if any. A trained figure depends on all of them through float rounding."""
+    import transformers
+
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
