@@ -27,7 +27,7 @@ from typing import Any
 
 from base_identity import base_of
 from common import mean, rounded, std, write_json
-from stats import paired_t, sign_flip
+from protocol import paired_stats
 
 # endpoint name -> how to read it from one seed's run record
 ENDPOINTS = {
@@ -94,7 +94,7 @@ def compare(committed: dict[int, dict[str, Any]], rerun: dict[int, dict[str, Any
             "rerun": {"mean": mean(ys), "sd": std(ys), "min": min(ys), "max": max(ys)},
             "rerun_within_committed_range": sum(min(xs) <= y <= max(xs) for y in ys),
             "n": len(pairs),
-            "paired_rerun_minus_committed": {**paired_t(deltas), "p_signflip": sign_flip(deltas),
+            "paired_rerun_minus_committed": {**paired_stats(deltas),
                                              "lower": sum(d < 0 for d in deltas), "higher": sum(d > 0 for d in deltas)},
         }
     return {"seeds": seeds, "base_equal_seeds": sum(v["base_equal"] for v in per_seed.values()),
