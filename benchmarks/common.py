@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from protocol import protocol_table
+from protocol import factorial_table, protocol_table
 from tables import fmt, pm, table, title
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -370,6 +370,8 @@ def table_parts(results: Path = RESULTS) -> list[str]:
             parts.append(_labelled(_hops_table(path.stem, data), path, data, results))
             if any(m.get("paired_vs_grpo") for m in data["methods"].values()):
                 parts.append(_labelled(protocol_table(path.stem, data), path, data, results))
+            if data.get("factorial_2x2"):
+                parts.append(_labelled(factorial_table(path.stem, data), path, data, results))
             continue
         rows = [[name, fmt(m["final_accuracy_mean"], True), fmt(m["final_accuracy_std"], True),
                  fmt(m.get("train_accuracy_mean"), True), fmt(m.get("redrawn_accuracy_mean"), True),

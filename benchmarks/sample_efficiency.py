@@ -69,7 +69,7 @@ from common import (
     std,
     write_json,
 )
-from protocol import COLLAPSE_RULE, add_holm, collapsed, escape_summary, paired_deltas, paired_stats
+from protocol import COLLAPSE_RULE, add_holm, collapsed, escape_summary, factorial_2x2, paired_deltas, paired_stats
 
 METHODS = ("grpo", "dapo", "gigpo", "gspo", "tree_grpo", "trace_alloc", "trace_credit", "trace")
 """The method presets a sweep runs by default (issue 13: all of them, the same budget)."""
@@ -285,8 +285,13 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             m["effective_ratio_vs_grpo"] = m["effective_ratio_mean"] / eff if eff else None
         add_holm(methods)
     first = curves[next(iter(curves))][0]
-    return {"methods": methods, "grpo_final_accuracy": target, "grpo_total_tokens": grpo_tokens, "curves": curves,
-            "base_accuracy": first["accuracy"], "base_accuracy_by_hops": first.get("accuracy_by_hops", {})}
+    out = {"methods": methods, "grpo_final_accuracy": target, "grpo_total_tokens": grpo_tokens, "curves": curves,
+           "base_accuracy": first["accuracy"], "base_accuracy_by_hops": first.get("accuracy_by_hops", {})}
+    keys = sorted({k for rs in runs.values() for r in rs for k in (r.get("sampled") or {})}, key=lambda k: (k != "all", k))
+    factorial = {f"sampled_{k}": factorial_2x2(runs, lambda r, k=k: (r.get("sampled") or {}).get(k)) for k in keys}
+    if any(factorial.values()):
+        out["factorial_2x2"] = factorial
+    return out
 
 
 def protocol_summary(rs: list[dict[str, Any]], grpo: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -411,6 +416,7 @@ def main() -> None:
         "base_accuracy_by_hops": summary["base_accuracy_by_hops"],
         "questions_per_hop": questions_per_hop(setting),
         "grpo_improved": (summary["grpo_final_accuracy"] or 0.0) > (summary["base_accuracy"] or 0.0),
+        **({"factorial_2x2": summary["factorial_2x2"]} if "factorial_2x2" in summary else {}),
         "setting": setting,
         "curves": summary["curves"],
         "runs": runs,

@@ -173,3 +173,39 @@ def test_escape_rule_and_time() -> None:
     got = protocol.escape_summary([climbing, run(1, 0.0, base=0.0, rewards=[0.0] * 20)])
     assert (got["count"], got["n"], got["probability"], got["timed"], got["median_step"]) == (1, 2, 0.5, 1, 14)
     assert (got["lo"], got["hi"]) == pytest.approx(stats.wilson(1, 2))
+
+
+def test_factorial_2x2_by_hand() -> None:
+    # sampled success per seed: trace_alloc (tree, learned roots), trace_alloc_ul (tree, uniform roots),
+    # trace_alloc_notree (no tree, learned roots), grpo (neither); seed 3 lacks trace_alloc_ul: skipped
+    cells = {"trace_alloc": [0.05, 0.06, 0.02, 0.09], "trace_alloc_ul": [0.01, 0.02, 0.00],
+             "trace_alloc_notree": [0.04, 0.03, 0.05, 0.07], "grpo": [0.00, 0.01, 0.01, 0.02]}
+    runs = {arm: [run(s, v) for s, v in enumerate(values)] for arm, values in cells.items()}
+    got = protocol.factorial_2x2(runs, lambda r: r["sampled"]["all"])
+    # roots: ((ta - ul) + (nt - g)) / 2 = (0.04+0.04)/2, (0.04+0.02)/2, (0.02+0.04)/2 = 0.04, 0.03, 0.03
+    assert got["learned roots"]["n"] == 3
+    assert got["learned roots"]["mean"] == pytest.approx(0.1 / 3)
+    assert got["learned roots"]["sd"] == pytest.approx(math.sqrt((2 * (0.01 / 3) ** 2 + (0.02 / 3) ** 2) / 2))
+    # tree: ((ta - nt) + (ul - g)) / 2 = (0.01+0.01)/2, (0.03+0.01)/2, (-0.03-0.01)/2 = 0.01, 0.02, -0.02
+    assert got["tree"]["mean"] == pytest.approx(0.01 / 3)
+    # interaction: (ta - ul) - (nt - g) = 0.00, 0.02, -0.02
+    assert got["interaction"]["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert got["interaction"]["p_signflip"] == 1.0
+    runs.pop("trace_alloc_ul")
+    assert protocol.factorial_2x2(runs, lambda r: r["sampled"]["all"]) is None  # a cell without runs: no design
+
+
+def test_factorial_table_reads_the_contrasts() -> None:
+    cells = {"trace_alloc": [0.05, 0.06], "trace_alloc_ul": [0.01, 0.02], "trace_alloc_notree": [0.04, 0.03],
+             "grpo": [0.00, 0.01]}
+    def full(seed: int, sampled: float) -> dict:  # what summarise reads beside the protocol's fields
+        r = run(seed, sampled)
+        r["final"].update(train=0.2, redrawn=None)
+        return {**r, "curve": [{"step": 0, "rollouts": 0, "generated_tokens": 0, "accuracy": 0.0}], "step_seconds": [1.0]}
+
+    runs = {arm: [full(s, v) for s, v in enumerate(values)] for arm, values in cells.items()}
+    summary = se.summarise(runs)
+    text = protocol.factorial_table("mechanisms", summary)
+    assert "| learned root allocation (main effect) | +3.5 [" in text  # roots: 0.04 and 0.03 per seed
+    # tree: ((ta - nt) + (ul - g)) / 2 = 0.01, 0.02; 2-hop = all - 0.1 in every cell, so the same contrasts
+    assert summary["factorial_2x2"]["sampled_2"]["tree"]["mean"] == pytest.approx(0.015)
