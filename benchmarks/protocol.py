@@ -107,17 +107,22 @@ MECHANISM_2X2 = {"learned roots": ("trace_alloc", "trace_alloc_notree", "trace_a
 """Allocation's 2x2 (tree on/off x learned root allocation on/off) as each factor's four cells:
 (both on, only this factor on, only the other on, neither), so the factor's effect at each level of
 the other is ``cells[0] - cells[2]`` and ``cells[1] - cells[3]``."""
+MECHANISM_PAIRS = {"learned roots without the tree minus GRPO on two-hop prompts only": ("trace_alloc_notree", "grpo_twohop")}
+"""Paired contrasts read beside the 2x2 (``arm - other`` by seed), where both arms ran: whether
+learned roots do more than the two-hop curriculum they end up training (stage 1 picks two-hop
+prompts on the credit testbed)."""
 
 
 def factorial_2x2(runs: dict[str, list[dict[str, Any]]], value: Any,
-                  design: dict[str, tuple[str, str, str, str]] = MECHANISM_2X2) -> dict[str, Any] | None:
+                  design: dict[str, tuple[str, str, str, str]] = MECHANISM_2X2,
+                  pairs: dict[str, tuple[str, str]] = MECHANISM_PAIRS) -> dict[str, Any] | None:
     """Main effects and interaction of a 2x2 of arms, paired by seed (None unless every cell has runs).
 
     Per seed that every cell holds (``value`` not None), a factor's main effect is the mean of its
     two simple effects, ``((on_on - off_on) + (on_off - off_off)) / 2``, and the interaction is
     their difference ``(on_on - off_on) - (on_off - off_off)`` (the same for either factor); each
-    goes through :func:`paired_stats`. These contrasts are read beside the table's comparisons with
-    GRPO, not added to its Holm family.
+    goes through :func:`paired_stats`; so does each of ``pairs`` whose two arms ran. These contrasts
+    are read beside the table's comparisons with GRPO, not added to its Holm family.
     """
     if any(not runs.get(arm) for cells in design.values() for arm in cells):
         return None
@@ -131,6 +136,9 @@ def factorial_2x2(runs: dict[str, list[dict[str, Any]]], value: Any,
         out[factor] = paired_stats([(a + b) / 2 for a, b in simple])
         interaction = [a - b for a, b in simple]
     out["interaction"] = paired_stats(interaction)
+    for label, (arm, other) in pairs.items():
+        if runs.get(arm) and runs.get(other):
+            out[label] = paired_stats(paired_deltas(runs[arm], runs[other], value))
     return out
 
 
@@ -242,5 +250,5 @@ def factorial_table(name: str, data: dict[str, Any]) -> str:
     heads = ["sampled success" if k == "sampled_all" else f"{k.removeprefix('sampled_')}-hop sampled" for k in metrics]
     return (title(name, data) + ": allocation's 2x2 (tree on/off x learned root allocation on/off: `trace_alloc`, "
             "`trace_alloc_ul`, `trace_alloc_notree`, `grpo`), paired by seed; a main effect is the mean of the "
-            "factor's effects at both levels of the other; 95% t-intervals, t-test and sign-flip p-values, not in the "
-            "table's Holm family\n\n" + table(["effect", *heads], rows))
+            "factor's effects at both levels of the other; below them, arm-minus-arm contrasts by seed; 95% t-intervals, "
+            "t-test and sign-flip p-values, not in the table's Holm family\n\n" + table(["effect", *heads], rows))

@@ -191,6 +191,11 @@ def test_factorial_2x2_by_hand() -> None:
     # interaction: (ta - ul) - (nt - g) = 0.00, 0.02, -0.02
     assert got["interaction"]["mean"] == pytest.approx(0.0, abs=1e-12)
     assert got["interaction"]["p_signflip"] == 1.0
+    assert "learned roots without the tree minus GRPO on two-hop prompts only" not in got  # no grpo_twohop runs
+    runs["grpo_twohop"] = [run(0, 0.01), run(2, 0.06)]
+    pair = protocol.factorial_2x2(runs, lambda r: r["sampled"]["all"])[
+        "learned roots without the tree minus GRPO on two-hop prompts only"]
+    assert pair["n"] == 2 and pair["mean"] == pytest.approx((0.03 - 0.01) / 2)  # notree - twohop: 0.03, -0.01
     runs.pop("trace_alloc_ul")
     assert protocol.factorial_2x2(runs, lambda r: r["sampled"]["all"]) is None  # a cell without runs: no design
 
