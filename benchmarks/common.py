@@ -448,12 +448,16 @@ def table_parts(results: Path = RESULTS) -> list[str]:
 
 
 def table_key(block: str) -> str | None:
-    """``NAME`` of a block that opens with ``**NAME**`` (``NAME:protocol`` for a protocol table)."""
+    """``NAME`` of a block that opens with ``**NAME**`` (``NAME:protocol`` for a protocol table,
+    ``NAME:2x2`` for allocation's 2x2)."""
     first = block.split("\n", 1)[0]
     if not first.startswith("**") or "**" not in first[2:]:
         return None
     name = first[2:first.index("**", 2)]
-    return f"{name}:protocol" if first.startswith(f"**{name}**: the comparison protocol") else name
+    for suffix, caption in (("protocol", "the comparison protocol"), ("2x2", "allocation's 2x2")):
+        if first.startswith(f"**{name}**: {caption}"):
+            return f"{name}:{suffix}"
+    return name
 
 
 def _tables(lines: list[str]) -> int:

@@ -56,6 +56,7 @@ def test_splice_replaces_stale_tables_and_keeps_the_rest() -> None:
 def test_table_keys() -> None:
     assert common.table_key("**sample_efficiency** (5 seeds)") == "sample_efficiency"
     assert common.table_key("**x**: the comparison protocol (...) [base: ...]") == "x:protocol"
+    assert common.table_key("**x**: allocation's 2x2 (tree on/off ...) [base: ...]") == "x:2x2"  # beside x and x:protocol
     assert common.table_key("plain line") is None and common.table_key("**unclosed") is None
 
 
