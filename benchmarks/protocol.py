@@ -124,18 +124,18 @@ def factorial_2x2(runs: dict[str, list[dict[str, Any]]], value: Any,
     goes through :func:`paired_stats`; so does each of ``pairs`` whose two arms ran. These contrasts
     are read beside the table's comparisons with GRPO, not added to its Holm family.
     """
-    if any(not runs.get(arm) for cells in design.values() for arm in cells):
+    arms = {arm for cells in design.values() for arm in cells}
+    if any(not runs.get(arm) for arm in arms):
         return None
-    by_seed = {arm: {r["seed"]: value(r) for r in runs[arm]} for cells in design.values() for arm in cells}
+    by_seed = {arm: {r["seed"]: value(r) for r in runs[arm]} for arm in arms}
+    seeds = sorted(set.intersection(*({s for s, v in values.items() if v is not None} for values in by_seed.values())))
     out: dict[str, Any] = {}
-    interaction: list[float] = []
     for factor, (on_on, on_off, off_on, off_off) in design.items():
-        seeds = sorted(s for s in by_seed[on_on]
-                       if all(by_seed[a].get(s) is not None for a in (on_on, on_off, off_on, off_off)))
         simple = [(by_seed[on_on][s] - by_seed[off_on][s], by_seed[on_off][s] - by_seed[off_off][s]) for s in seeds]
         out[factor] = paired_stats([(a + b) / 2 for a, b in simple])
-        interaction = [a - b for a, b in simple]
-    out["interaction"] = paired_stats(interaction)
+    on_on, on_off, off_on, off_off = next(iter(design.values()))  # the same difference of differences for either factor
+    out["interaction"] = paired_stats([(by_seed[on_on][s] - by_seed[off_on][s]) - (by_seed[on_off][s] - by_seed[off_off][s])
+                                       for s in seeds])
     for label, (arm, other) in pairs.items():
         if runs.get(arm) and runs.get(other):
             out[label] = paired_stats(paired_deltas(runs[arm], runs[other], value))
@@ -182,15 +182,21 @@ def _interval(stats: dict[str, Any] | None) -> str:
     if not stats or stats.get("mean") is None:
         return "-"
     if stats.get("lo") is None:
-        return f"{100 * stats['mean']:+.1f} pts (n {stats['n']})"
+        return _span(stats)
     boot = (f"; bootstrap [{100 * stats['bootstrap_lo']:+.1f}, {100 * stats['bootstrap_hi']:+.1f}]"
             if stats.get("bootstrap_lo") is not None else "")
     tests = [f"Holm p {_p(stats['p_holm'])}"] if stats.get("p_holm") is not None else []
     if tests or (stats.get("sd") == 0 and stats["mean"] != 0):  # equal differences: no t-test, the sign flip
         tests.append(f"sign-flip p {_p(stats.get('p_signflip'))}")
     tests_text = "; " + ", ".join(tests) if tests else ""
-    return (f"{100 * stats['mean']:+.1f} [{100 * stats['lo']:+.1f}, {100 * stats['hi']:+.1f}] "
-            f"(n {stats['n']}{tests_text}{boot})")
+    return f"{_span(stats)} (n {stats['n']}{tests_text}{boot})"
+
+
+def _span(stats: dict[str, Any]) -> str:
+    """``+1.2 [-0.5, +3.0]`` in percent points, or ``+1.2 pts (n 1)`` without an interval."""
+    if stats.get("lo") is None:
+        return f"{100 * stats['mean']:+.1f} pts (n {stats['n']})"
+    return f"{100 * stats['mean']:+.1f} [{100 * stats['lo']:+.1f}, {100 * stats['hi']:+.1f}]"
 
 
 def _escape(m: dict[str, Any]) -> str:
@@ -233,10 +239,11 @@ def protocol_table(name: str, data: dict[str, Any]) -> str:
 
 def _contrast(stats: dict[str, Any] | None) -> str:
     """``+3.6 [+1.0, +6.2] (n 7; t-test p 0.012, sign-flip p 0.031)`` in percent points (no Holm)."""
-    if not stats or stats.get("mean") is None or stats.get("lo") is None:
-        return "-" if not stats or stats.get("mean") is None else f"{100 * stats['mean']:+.1f} pts (n {stats['n']})"
-    return (f"{100 * stats['mean']:+.1f} [{100 * stats['lo']:+.1f}, {100 * stats['hi']:+.1f}] "
-            f"(n {stats['n']}; t-test p {_p(stats.get('p_t'))}, sign-flip p {_p(stats.get('p_signflip'))})")
+    if not stats or stats.get("mean") is None:
+        return "-"
+    if stats.get("lo") is None:
+        return _span(stats)
+    return f"{_span(stats)} (n {stats['n']}; t-test p {_p(stats.get('p_t'))}, sign-flip p {_p(stats.get('p_signflip'))})"
 
 
 def factorial_table(name: str, data: dict[str, Any]) -> str:

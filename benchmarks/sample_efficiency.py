@@ -287,11 +287,16 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     first = curves[next(iter(curves))][0]
     out = {"methods": methods, "grpo_final_accuracy": target, "grpo_total_tokens": grpo_tokens, "curves": curves,
            "base_accuracy": first["accuracy"], "base_accuracy_by_hops": first.get("accuracy_by_hops", {})}
-    keys = sorted({k for rs in runs.values() for r in rs for k in (r.get("sampled") or {})}, key=lambda k: (k != "all", k))
+    keys = sampled_keys([r["sampled"] for rs in runs.values() for r in rs if r.get("sampled")])
     factorial = {f"sampled_{k}": factorial_2x2(runs, lambda r, k=k: (r.get("sampled") or {}).get(k)) for k in keys}
     if any(factorial.values()):
         out["factorial_2x2"] = factorial
     return out
+
+
+def sampled_keys(sampled: list[dict[str, float]]) -> list[str]:
+    """The sampled endpoint's keys over runs: ``all`` first, then the hop counts."""
+    return sorted({k for s in sampled for k in s}, key=lambda k: (k != "all", k))
 
 
 def protocol_summary(rs: list[dict[str, Any]], grpo: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -300,7 +305,7 @@ def protocol_summary(rs: list[dict[str, Any]], grpo: list[dict[str, Any]] | None
     sampled = [r["sampled"] for r in rs if r.get("sampled")]
     if not sampled:
         return {}
-    keys = sorted({k for s in sampled for k in s}, key=lambda k: (k != "all", k))
+    keys = sampled_keys(sampled)
     out: dict[str, Any] = {
         "sampled_by_hops": {k: {"mean": mean([s.get(k) for s in sampled]), "std": std([s.get(k) for s in sampled]),
                                 "seeds": len(sampled)} for k in keys},
