@@ -88,8 +88,8 @@ BASE = ["rollout.budget=64", "rollout.pool_size=16", "rollout.schemes.group_size
 SLOWER = ("optim.lr=3e-4",)
 """After the demo's setting: the library's default learning rate instead of the demo's 1e-3, so that
 GRPO needs about 50 steps to find the one-hop strategy and creeps up for 150 more (at 1e-3 every
-method reached its plateau within 20-40 steps; that sweep is ``sample_efficiency_lr1e-3.json``:
-``--set optim.lr=1e-3 --steps 100 --seeds 3``)."""
+method reached its plateau within 20-40 steps, on a base model drawn before the shipped one:
+``results/earlier_draws/sample_efficiency_lr1e-3.json``)."""
 SETTINGS: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "bench": (BENCH_SETTING, ("eval.every=20",)),
     "demo": (LEARNABLE_SETTING, SLOWER),
