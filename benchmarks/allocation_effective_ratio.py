@@ -29,8 +29,6 @@ uniform arms with their own predictors (``trace_uu``: random anchors, unlike ``t
 ``--seeds 0``: alone) measures each predictor input's held-out AUC on more data (:func:`offline_auc`).
 
 The hidden-state results in ``benchmarks/results/`` (``F = --predictor-features handcrafted hidden both``):
-``--quick --heldout 48 --trace-min-per-prompt 0 F`` -> ``allocation_effective_ratio_hidden_quick.json``;
-the same with ``--max-hops 2 --search-top-k 2 --ablation`` -> ``..._hidden_quick_1to2hops.json``;
 ``--seeds 0 --pool 8 --offline-prompts 128 --heldout 48 --max-hops 2 --search-top-k 2 F`` ->
 ``..._hidden_offline_1to2hops.json``; ``--seeds 0 --pool 8 --offline-prompts 256 --heldout 96 F`` ->
 ``..._hidden_offline.json``.

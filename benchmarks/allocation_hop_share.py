@@ -1,6 +1,6 @@
 """Where each method's rollouts go, per hop count, in the testbed (issue 13 item 2's reading).
 
-In ``sample_efficiency.json`` TRACE allocation keeps more mixed groups than GRPO but learns two- and
+In ``sample_efficiency_hops_pinned.json`` TRACE allocation keeps more mixed groups than GRPO but learns two- and
 three-hop questions worse. This trains each method for ``--steps`` steps of the testbed
 (``common.BENCH_SETTING``, the sweep's budget) with rollouts logged, and counts the leaves
 (continuation rollouts) and trees per hop count of their questions: GRPO's share follows the prompt
