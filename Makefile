@@ -25,15 +25,16 @@ lint: install
 demo: install
 	$(VENV)/bin/tracerl demo --out demo_out
 
-# The quick check: lint plus the default suite in .venv (about 8 minutes on 2 cores), one environment
-# and no extras. `make test` runs the same, then every optional environment's tests.
+# The quick check: lint, the docs build and the default suite in .venv (about 8 minutes on 2 cores),
+# one environment and no extras. `make test` runs the same, then every optional environment's tests.
 .PHONY: check
-check: install lint
+check: install lint docs
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
 
-# The default suite in .venv, then the optional extras' tests and the vLLM backend's tests, each in
-# an environment of its own (the default run never imports them).
-test: install lint
+# What CI runs (.ci/run): lint, the docs build (--strict: a broken link fails it), the default suite in
+# .venv, then the optional extras', vLLM, multi-process and verl tests, each in an environment of its
+# own (the default run never imports them).
+test: install lint docs
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
 	$(MAKE) test-extras
 	$(MAKE) test-vllm
@@ -93,16 +94,24 @@ test-dist: $(DIST_VENV)/.installed
 	HF_HUB_OFFLINE=1 TRACERL_DIST_TESTS=1 $(RAY_TEST_ENV) $(DIST_PY) -m pytest -m dist
 
 clean:
-	rm -rf $(VENV) $(EXTRAS_VENV) $(VLLM_VENV) $(DIST_VENV) demo_out
+	rm -rf $(VENV) $(EXTRAS_VENV) $(VLLM_VENV) $(DIST_VENV) demo_out site
 
 # docs/reference.md (every metrics.jsonl key and config field) is generated; a test fails when it is stale.
-.PHONY: docs
-docs: install
+# The results pages' tables come from benchmarks/results/*.json the same way:
+# `python benchmarks/common.py --splice docs/results/*.md` refreshes them.
+.PHONY: reference docs
+reference: install
 	$(VENV)/bin/tracerl config reference --out docs/reference.md
+
+# The documentation site (mkdocs with the material theme, mkdocs.yml) into site/: --strict fails on a
+# broken link, a missing anchor or a page left out of the nav. A few seconds; nothing is downloaded.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # TRACE inside verl (the `verl` extra) in an environment of its own: verl 0.9.1 pins
 # transformers <5.11 and pulls in its v1 trainer's server stack. `make verl` builds .venv-verl once
-# (~6 min, ~1.9 GB); `make test-verl` runs the tests marked `verl` (~5 min), among them verl's own
+# (~6 min, ~1.9 GB); `make test-verl` runs the tests marked `verl` (~5 min; all in tests/integrations:
+# verl's wheel ships a top-level `tests` package that shadows ours elsewhere), among them verl's own
 # trainer end to end on the CPU (examples/verl/cpu: two main_ppo runs, ~3 min, ~3.3 GB).
 .PHONY: verl test-verl
 VERL_VENV ?= .venv-verl
@@ -117,4 +126,4 @@ $(VERL_VENV)/.installed: pyproject.toml
 verl: $(VERL_VENV)/.installed
 
 test-verl: $(VERL_VENV)/.installed
-	HF_HUB_OFFLINE=1 $(RAY_TEST_ENV) $(VERL_PY) -m pytest -m verl
+	HF_HUB_OFFLINE=1 $(RAY_TEST_ENV) $(VERL_PY) -m pytest -m verl tests/integrations

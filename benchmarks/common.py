@@ -3,10 +3,10 @@
 Every benchmark builds its runs from the same :func:`tracerl.config.schema.resolve_config` call as
 ``tracerl train`` (preset, optional ``--smoke`` overlay, ``--set a.b=value`` overrides), so a
 benchmark setting is reproducible with the CLI. Run as a script, this module prints the Markdown
-tables of the committed result files (what benchmarks/README.md shows), or refreshes them in place:
+tables of the committed result files (what the docs' results pages show), or refreshes them in place:
 
     python benchmarks/common.py
-    python benchmarks/common.py --splice benchmarks/README.md   # --check: exit 1 when one is stale
+    python benchmarks/common.py --splice docs/results/*.md   # --check: exit 1 when one is stale or missing
 """
 
 from __future__ import annotations
@@ -236,6 +236,11 @@ def save_figure(fig: Any, out: Path) -> Path:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> Path:
+    """Write a results file; one without a ``git`` entry gets the commit it was made from and whether
+    the tree was dirty (:func:`tracerl.testbed.provenance.git_state`; ``None`` with a note outside a checkout)."""
+    from tracerl.testbed.provenance import git_state
+
+    data = data if "git" in data else {**data, "git": git_state()}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rounded(data), indent=2) + "\n")
     return path
@@ -511,24 +516,31 @@ def splice(text: str, parts: list[str]) -> tuple[str, list[str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Print the README tables of the committed results, or "
-                                                 "refresh them in a Markdown file.")
-    parser.add_argument("--splice", type=Path, metavar="FILE",
-                        help="Replace each table FILE already holds with the one the results make now.")
-    parser.add_argument("--check", type=Path, metavar="FILE",
-                        help="Exit 1, naming them, when tables in FILE differ from what the results make.")
+    parser = argparse.ArgumentParser(description="Print the results tables of the committed results, or "
+                                                 "refresh them in the Markdown pages that hold them.")
+    parser.add_argument("--splice", type=Path, nargs="+", metavar="FILE",
+                        help="Replace each table the FILEs already hold with the one the results make now.")
+    parser.add_argument("--check", type=Path, nargs="+", metavar="FILE",
+                        help="Exit 1, naming them, when tables in the FILEs differ from what the results make, "
+                             "or when a table the results make is in none of them.")
     args = parser.parse_args()
     if args.splice is None and args.check is None:
         sys.stdout.write(markdown_tables() + "\n")
         return
-    path = args.splice or args.check
-    text = path.read_text(encoding="utf-8")
-    new, changed = splice(text, table_parts())
-    if args.splice is not None and changed:
-        path.write_text(new, encoding="utf-8")
-    verb = "refreshed" if args.splice is not None else "differ from the results"
-    print(f"{path}: {len(changed)} table(s) {verb}" + (": " + ", ".join(changed) if changed else ""))
-    if args.check is not None and changed:
+    parts, stale, placed = table_parts(), False, set()
+    for path in args.splice or args.check:
+        text = path.read_text(encoding="utf-8")
+        new, changed = splice(text, parts)
+        placed |= {key for _, _, key in _blocks(new, {table_key(p): _tables(p) for p in parts})}
+        if args.splice is not None and changed:
+            path.write_text(new, encoding="utf-8")
+        verb = "refreshed" if args.splice is not None else "differ from the results"
+        print(f"{path}: {len(changed)} table(s) {verb}" + (": " + ", ".join(changed) if changed else ""))
+        stale |= bool(changed)
+    missing = [key for key in (table_key(p) for p in parts) if key not in placed]
+    if missing:  # splice replaces tables in place and never adds one: a new table needs its title line placed
+        print("in none of these pages (paste its title line where it belongs, then --splice): " + ", ".join(missing))
+    if args.check is not None and (stale or missing):
         sys.exit(1)
 
 

@@ -21,7 +21,16 @@ What it checks (the JSON has one section each, stable keys):
   one) in bf16 compute: batched reference scoring against one plain batched forward
   (``batched_ratio``), generation throughput over many chains, one optimiser step's peak memory.
 - ``packed_update``: the tree-packed update (``optim.tree_packing``) against every leaf apart on
-  the same 4 trees x 4 leaves of 1,024 tokens: time, peak memory, tokens forwarded, gradient gap.
+  the same 4 trees x 4 leaves of 1,024 tokens: time, peak memory, tokens forwarded, gradient gap;
+  on CUDA also the flex-attention packed update (``optim.packed_attention = 'flex'``).
+  ``packed_update_4k``: the same at 4,096 tokens a leaf (not with ``--small``).
+- ``engine`` times the seeded path rollouts use, warmed up at the measured shape, with two arms:
+  the shared model under autocast (``model.generation_dtype = auto``) and the bf16 copy
+  (``bfloat16``), each with a 10-step profile (wall, kernel time, launches, syncs per step).
+
+The engine and packed-update arms alone (old vs new side by side, a few minutes):
+``python benchmarks/gpu_check.py --skip presets --skip resume --skip scorer --skip update
+--out benchmarks/results/gpu_engine_arms.json``.
 """
 
 from __future__ import annotations
@@ -153,7 +162,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--small", action="store_true", help="Small shapes instead of Qwen3-0.6B's (CPU dry run).")
-    parser.add_argument("--skip", action="append", default=[], help="Skip a section (presets, resume, scorer, engine, update, packed_update).")
+    parser.add_argument("--skip", action="append", default=[], help="Skip a section (presets, resume, scorer, engine, update, packed_update, packed_update_4k).")
     parser.add_argument("--out", default="benchmarks/results/gpu_check.json")
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -185,7 +194,10 @@ def main() -> None:
             "engine": lambda: check_engine(args.device, args.small),
             "update": lambda: check_update(args.device, args.small),
             "packed_update": lambda: check_packed_update(args.device, args.small),
+            "packed_update_4k": lambda: check_packed_update(args.device, args.small, length=4096),
         }
+        if args.small:  # the dry run's packed update is already at its small shape
+            sections.pop("packed_update_4k")
         for name, run in sections.items():
             if name in args.skip:
                 continue

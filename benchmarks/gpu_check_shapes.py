@@ -68,29 +68,104 @@ def check_scorer(device: str, small: bool) -> dict[str, Any]:
     return result
 
 
-def check_engine(device: str, small: bool) -> dict[str, Any]:
-    """Generated tokens per second of the HF backend over many chains (bf16 compute on cuda)."""
-    model = _model(device, small, torch.float32)
-    vocab = model.config.vocab_size
-    tokenizer = _NumberTokenizer(vocab)
-    policy = HFPolicy(model, tokenizer)
-    rows, new = (16, 16) if small else (128, 128)
-    g = torch.Generator().manual_seed(0)
-    prefixes = [torch.randint(3, vocab, (64,), generator=g).tolist() for _ in range(rows)]
-    params = SamplingParams(max_new_tokens=new, temperature=1.0)
-    dtype = "float32" if small else "bfloat16"
+def _generate_timed(policy: HFPolicy, prefixes: list[list[int]], params: SamplingParams, device: str,
+                    dtype: str) -> tuple[list[Any], float]:
+    """One seeded generate (the path rollouts take: one seed per row) under ``model.dtype``'s context,
+    after a warm-up at the same shape (kernel selection and allocator growth stay out of the time)."""
+    seeds = list(range(len(prefixes)))
     with compute_context(device, dtype):
-        policy.generate(prefixes[:2], SamplingParams(max_new_tokens=4), generator=g)  # warm-up
+        policy.generate(prefixes, params, seeds=seeds)
+        policy.clear_prefix_cache()  # the timed call prefills again, as a new batch would
         _peak(device)
         _sync(device)
         start = time.perf_counter()
-        gens = policy.generate(prefixes, params, generator=g)
+        gens = policy.generate(prefixes, params, seeds=seeds)
         _sync(device)
-    seconds = time.perf_counter() - start
-    tokens = sum(len(x.token_ids) for x in gens)
-    return {"chains": rows, "max_new_tokens": new, "generated_tokens": tokens, "seconds": round(seconds, 3),
-            "generated_tokens_per_s": round(tokens / seconds, 1), "peak_memory_gb": _peak(device),
-            "ok": tokens > 0}
+    return gens, time.perf_counter() - start
+
+
+def _profile(policy: HFPolicy, prefixes: list[list[int]], device: str, dtype: str, steps: int = 10) -> dict[str, Any]:
+    """``steps`` decode steps under torch.profiler: wall, device-kernel time, kernel launches and sync
+    points per step (cudaStreamSynchronize, cudaDeviceSynchronize, cudaMemcpyAsync and
+    ``aten::_local_scalar_dense`` events): the figures that say whether a step is host-bound."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    params = SamplingParams(max_new_tokens=steps, temperature=1.0)
+    with compute_context(device, dtype), profile(activities=activities) as prof:
+        _sync(device)
+        start = time.perf_counter()
+        policy.generate(prefixes, params, seeds=list(range(len(prefixes))))
+        _sync(device)
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    kernels = [e for e in events if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type)]
+    syncs = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                                        "cudaMemcpyAsync", "aten::_local_scalar_dense"))
+    return {"steps": steps, "wall_ms_per_step": round(1000 * wall / steps, 2),
+            "device_kernel_ms_per_step": round(sum(e.self_device_time_total for e in kernels) / 1000 / steps, 2),
+            "kernels_per_step": round(sum(e.count for e in kernels) / steps, 1),
+            "syncs_per_step": round(syncs / steps, 1)}
+
+
+def _logprob_gap(policy: HFPolicy, reference: Any, prefixes: list[list[int]], new: int, device: str, dtype: str,
+                 rows: int = 8) -> dict[str, Any]:
+    """Greedy generations of ``rows`` prefixes by ``policy``, teacher-forced through the trainer's model
+    (``reference`` under the ``dtype`` context): max and mean |recorded - trainer| log-prob, and how
+    often the trainer's argmax is the token the sampler chose."""
+    prefixes = prefixes[:rows]
+    with compute_context(device, dtype):
+        gens = policy.generate(prefixes, SamplingParams(max_new_tokens=new, temperature=0.0))
+    diffs, agree, total = [], 0, 0
+    with torch.no_grad(), compute_context(device, dtype):
+        for prefix, gen in zip(prefixes, gens, strict=True):
+            seq = torch.tensor([prefix + gen.token_ids], device=device)
+            logits = reference(input_ids=seq).logits[0, len(prefix) - 1 : -1].float()
+            logp = torch.log_softmax(logits, dim=-1)
+            picked = logp.gather(-1, torch.tensor(gen.token_ids, device=device)[:, None]).squeeze(-1)
+            diffs.append((picked.cpu() - torch.tensor(gen.logprobs)).abs())
+            agree += int((logits.argmax(-1).cpu() == torch.tensor(gen.token_ids)).sum())
+            total += len(gen.token_ids)
+    flat = torch.cat(diffs)
+    return {"rows": rows, "max_abs": round(float(flat.max()), 5), "mean_abs": round(float(flat.mean()), 6),
+            "trainer_argmax_agreement": round(agree / max(total, 1), 4)}
+
+
+def check_engine(device: str, small: bool) -> dict[str, Any]:
+    """Generated tokens per second of the HF backend, seeded rows (the rollouts' path), two arms on
+    one fp32 model: ``autocast`` (the shared model under ``model.dtype``: bf16 autocast on cuda, the
+    default ``model.generation_dtype = auto``) and ``bf16_copy`` (``generation_dtype = bfloat16``:
+    a bf16 copy, no autocast, bf16 KV), at 128 chains x 128 tokens (``bf16_copy`` also at 512
+    chains), each warmed up at its measured shape; plus a 10-step profile of each arm and the
+    bf16 arm's log-prob gap to the trainer's forward."""
+    model = _model(device, small, torch.float32)
+    vocab = model.config.vocab_size
+    tokenizer = _NumberTokenizer(vocab)
+    rows, new = (16, 16) if small else (128, 128)
+    g = torch.Generator().manual_seed(0)
+    prefixes = [torch.randint(3, vocab, (64,), generator=g).tolist() for _ in range(4 * rows)]
+    params = SamplingParams(max_new_tokens=new, temperature=1.0)
+    dtype = "float32" if small else "bfloat16"
+    arms = {"autocast": HFPolicy(model, tokenizer), "bf16_copy": HFPolicy(model, tokenizer, generation_dtype=torch.bfloat16)}
+    out: dict[str, Any] = {"chains": rows, "max_new_tokens": new, "prefix_tokens": 64, "sampling": "seeded rows"}
+    for name, policy in arms.items():
+        shapes = (rows, 4 * rows) if name == "bf16_copy" else (rows,)
+        for n in shapes:
+            gens, seconds = _generate_timed(policy, prefixes[:n], params, device, dtype)
+            tokens = sum(len(x.token_ids) for x in gens)
+            key = name if n == rows else f"{name}_{n}_chains"
+            out[key] = {"chains": n, "generated_tokens": tokens, "seconds": round(seconds, 3),
+                        "generated_tokens_per_s": round(tokens / seconds, 1), "peak_memory_gb": _peak(device)}
+            if n == rows:
+                out[key]["profile"] = _profile(policy, prefixes[:rows], device, dtype)
+            if name == "bf16_copy" and n == rows:
+                out[key]["greedy_logprob_gap_to_trainer"] = _logprob_gap(policy, model, prefixes, new, device, dtype)
+    out["generated_tokens_per_s"] = out["autocast"]["generated_tokens_per_s"]
+    out["bf16_copy_over_autocast"] = round(out["bf16_copy"]["generated_tokens_per_s"]
+                                           / out["autocast"]["generated_tokens_per_s"], 3)
+    out["ok"] = bool(out["autocast"]["generated_tokens"] > 0 and out["bf16_copy"]["generated_tokens"] > 0
+                     and out["bf16_copy"]["greedy_logprob_gap_to_trainer"]["max_abs"] < 0.5)
+    return out
 
 
 def check_update(device: str, small: bool) -> dict[str, Any]:
@@ -141,24 +216,29 @@ def tree_batch(vocab: int, trees: int, length: int) -> tuple[list[Trajectory], l
     return trajs, advs
 
 
-def check_packed_update(device: str, small: bool, repeats: int = 3) -> dict[str, Any]:
+def check_packed_update(device: str, small: bool, repeats: int = 3, length: int = 1024) -> dict[str, Any]:
     """The tree-packed update against every leaf apart, same model, same trees (4 trees x 4 leaves
-    of 1,024 tokens, micro-batches of 8, bf16 compute): seconds, peak memory, tokens forwarded, and
-    the gradients' relative gap (bf16 kernels differ in rounding, so the bound is loose).
+    of ``length`` tokens, micro-batches of 8, bf16 compute): seconds, peak memory, tokens forwarded, and
+    the gradients' relative gap (bf16 kernels differ in rounding, so the bound is loose). On CUDA a
+    third mode, ``flex`` (``optim.packed_attention = 'flex'``: block-mask flex_attention, no quadratic
+    row rule), runs beside the dense ``always``; torch has no FlexAttention backward on CPU.
 
     Both modes run on the one model (SGD at lr 0 leaves it as it was): first one warm-up update
     each (its time is kept as ``cold_seconds``: kernel selection and allocator growth), then
     ``repeats`` rounds alternating the two; ``seconds`` is the median of a mode's rounds, and
     ``update_never_over_always`` the median of the per-round ratios."""
     model = _model(device, small, torch.float32)
-    vocab, (trees, length) = model.config.vocab_size, ((2, 128) if small else (4, 1024))
+    vocab, (trees, length) = model.config.vocab_size, ((2, 128) if small else (4, length))
+    if not small and length > 1024:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     trajs, advs = tree_batch(vocab, trees, length)
     out: dict[str, Any] = {"trees": trees, "leaves": len(trajs), "tokens_per_leaf": length, "repeats": repeats}
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    modes = ("never", "always")
+    modes = ("never", "always", "flex") if device.startswith("cuda") else ("never", "always")
     settings = {mode: UpdateSettings(micro_batch_size=8, temperature=1.0, clip_low=0.2, clip_high=0.28, kl_coef=0.0,
                                      loss_agg="token-mean", grad_clip=1e9, dtype="float32" if small else "bfloat16",
-                                     tree_packing=mode) for mode in modes}
+                                     tree_packing="always" if mode == "flex" else mode,
+                                     packed_attention="flex" if mode == "flex" else "dense") for mode in modes}
     times: dict[str, list[float]] = {mode: [] for mode in modes}
     grads: dict[str, list[torch.Tensor]] = {}
 
@@ -183,12 +263,26 @@ def check_packed_update(device: str, small: bool, repeats: int = 3) -> dict[str,
         out[mode]["seconds"] = round(statistics.median(times[mode]), 3)
         out[mode]["round_seconds"] = [round(t, 3) for t in times[mode]]
     total = torch.sqrt(sum((g.double() ** 2).sum() for g in grads["never"]))
-    gap = torch.sqrt(sum(((a - b).double() ** 2).sum() for a, b in zip(grads["never"], grads["always"], strict=True)))
-    out["gradient_relative_gap"] = float(gap / total)
+
+    def gap(mode: str) -> float:
+        pairs = zip(grads["never"], grads[mode], strict=True)
+        return float(torch.sqrt(sum(((a - b).double() ** 2).sum() for a, b in pairs)) / total)
+
+    out["gradient_relative_gap"] = gap("always")
     ratios = [n / max(a, 1e-9) for n, a in zip(times["never"], times["always"], strict=True)]
     out["update_never_over_always"] = round(statistics.median(ratios), 3)
-    out["ok"] = bool(len(grads["never"]) > 0 and out["gradient_relative_gap"] < (1e-4 if small else 5e-2)
+    bound = 1e-4 if small else 5e-2
+    out["ok"] = bool(len(grads["never"]) > 0 and out["gradient_relative_gap"] < bound
                      and out["always"]["update_forward_tokens"] < out["never"]["update_forward_tokens"])
+    if "flex" in modes:
+        out["flex_gradient_relative_gap"] = gap("flex")
+        out["update_never_over_flex"] = round(statistics.median(
+            [n / max(f, 1e-9) for n, f in zip(times["never"], times["flex"], strict=True)]), 3)
+        out["update_always_over_flex"] = round(statistics.median(
+            [a / max(f, 1e-9) for a, f in zip(times["always"], times["flex"], strict=True)]), 3)
+        out["ok"] = bool(out["ok"] and out["flex_gradient_relative_gap"] < bound)
+    else:
+        out["flex"] = {"skipped": "torch has no FlexAttention backward on CPU"}
     return out
 
 

@@ -613,6 +613,15 @@ CASES = [
 ]
 
 
+from hostile_round4_bounds import ROUND4  # noqa: E402 - issue 50: sizes, verifiers, shipped files, merges
+
+CASES += [Case(name, owner, build, **options) for name, owner, build, options in ROUND4]
+
+from hostile_round4_files import ROUND4_FILES  # noqa: E402 - issue 50: temporaries, atomic outputs, anchors, pickles
+
+CASES += [Case(name, owner, build, **options) for name, owner, build, options in ROUND4_FILES]
+
+
 # --- running -------------------------------------------------------------------------------
 
 
@@ -702,6 +711,8 @@ def probe(names: list[str] | None, base: Path, timeout: float = 180, memory_mib:
 
 
 def main() -> None:
+    from tracerl.testbed.provenance import git_state  # the commit of the probed tree (issue 48)
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", nargs="*", help="Case names (default: all).")
     parser.add_argument("--work", default="/tmp/tracerl-hostile", help="Work folder (recreated per case).")
@@ -718,7 +729,7 @@ def main() -> None:
         print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:24s} [{r['owner']}] {r['seconds']:6.1f}s "
               f"{r['peak_rss_mib']} MiB  {'; '.join(r['problems']) or r['line'][:100]}")
     summary = {"root": str(_TREE["root"]), "memory_bound_mib": args.memory_mib, "timeout_s": args.timeout, "cases": results,
-               "passed": sum(r["ok"] for r in results), "total": len(results)}
+               "passed": sum(r["ok"] for r in results), "total": len(results), "git": git_state(_TREE["root"])}
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
     print(f"{summary['passed']}/{summary['total']} cases passed")

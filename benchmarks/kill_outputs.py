@@ -33,7 +33,7 @@ def _cli(*args: str) -> list[str]:
 
 
 def _temps(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if ".tmp-" in p.name) if folder.is_dir() else []
+    return sorted(p.name for p in folder.iterdir() if ".tracerl-tmp-" in p.name) if folder.is_dir() else []
 
 
 def _kill_in_write_phase(command: list[str], folder: Path, env: dict[str, str], rng: random.Random,

@@ -90,7 +90,7 @@ def _aftermath(run_dir: Path, steps_per_run: int) -> str:
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists() and metrics.stat().st_size and not metrics.read_bytes().endswith(b"\n"):
         return "torn_metrics_line"
-    if any(p.name.startswith(".") and ".tmp-" in p.name for p in run_dir.iterdir()):
+    if any(p.name.startswith(".") and ".tracerl-tmp-" in p.name for p in run_dir.iterdir()):
         return "temp_left"
     latest = run_dir / "LATEST"
     if not latest.exists():

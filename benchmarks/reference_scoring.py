@@ -34,6 +34,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 
 from tracerl.models.batched_scoring import ScoreRequest, ScoreStats, score_prefixes_batched
 from tracerl.models.scoring import score_prefixes, score_prefixes_naive
+from tracerl.testbed.provenance import git_state
 
 OPENER, ANSWER = 4, 3  # "Action : answer [" and a three-token entity, as in the react format
 
@@ -224,6 +225,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
         "quick": args.quick,
+        "git": git_state(),  # the commit this was measured at (issue 48)
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -50,6 +50,7 @@ from tracerl.envs.verifiers import exact_match
 from tracerl.models.backend import HFPolicy
 from tracerl.core.protocol import RolloutCost
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
+from tracerl.testbed.provenance import git_state
 
 
 def random_policy(texts: list[str], hidden: int, layers: int, preset: str = "small") -> HFPolicy:
@@ -298,7 +299,7 @@ def main() -> None:
         setup["load_average_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
         setup["vllm_eager"] = args.vllm_eager
         setup["vllm_block_size"] = args.vllm_block_size
-        result = {"backends": results, "setup": setup}
+        result = {"backends": results, "setup": setup, "git": git_state()}  # git: the commit measured (issue 48)
         if "hf" in results and "vllm" in results:
             result["vllm_over_hf_generated_tokens_per_s"] = {
                 scheme: round(results["vllm"][scheme]["generated_tokens_per_s"] / results["hf"][scheme]["generated_tokens_per_s"], 3)

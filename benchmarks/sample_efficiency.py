@@ -34,7 +34,8 @@ initial model at all; when it did not, GRPO's final accuracy is reached at step 
     python benchmarks/sample_efficiency.py --steps 100 --seed-list 0   # one seed of the 8 presets: ~20 min of one core
 
 Shards: ``--methods``/``--seed-list`` with ``--out`` run part of the sweep (one process per core),
-``--merge A.json B.json`` summarises the shards into ``--out``.
+``--merge A.json B.json`` summarises the shards into ``--out``, after checking every shard whole
+(benchmarks/shards.py: schema, finite numbers, unique seeds, one base model) before anything is written.
 
 Development while the embedded model is being tuned: ``--smoke --dev-model`` (smoke world, the
 smoke tiny model) or ``--set model.name_or_path=FOLDER``.
@@ -43,7 +44,6 @@ smoke tiny model) or ``--set model.name_or_path=FOLDER``.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,7 @@ from common import (
     std,
     write_json,
 )
+from shards import ShardError, check_aligned, check_shard, read_shard
 from protocol import COLLAPSE_RULE, add_holm, collapsed, escape_summary, factorial_2x2, paired_deltas, paired_stats
 
 METHODS = ("grpo", "dapo", "gigpo", "gspo", "tree_grpo", "trace_alloc", "trace_credit", "trace")
@@ -364,7 +365,10 @@ def plot(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], out: Pa
 def merge_shards(paths: list[Path], methods: list[str] | None = None) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
     """Runs of several shard files, method order as in :data:`METHODS`; their settings must agree.
     ``methods``: keep only these arms (one table of chosen arms: Holm's family is its arms)."""
-    shards = [json.loads(p.read_text()) for p in paths]
+    shards = [read_shard(p) for p in paths]
+    for path, shard in zip(paths, shards, strict=True):  # every shard whole, before anything is written
+        check_shard(path, shard, METHODS + ABLATIONS + OPTIONS + MECHANISMS)
+
     def same(shard: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in shard["setting"].items() if k != "seeds"}
 
@@ -382,6 +386,9 @@ def merge_shards(paths: list[Path], methods: list[str] | None = None) -> tuple[d
                 elif (twin["final"], twin.get("sampled")) != (run["final"], run.get("sampled")):
                     raise SystemExit(f"{path}: {method} seed {run['seed']} differs from the run another shard holds")
     runs = {m: sorted(rs, key=lambda r: r["seed"]) for m, rs in runs.items() if rs and (not methods or m in methods)}
+    if not runs:
+        raise ShardError(f"{', '.join(p.name for p in paths)}: no runs of {', '.join(methods or [])} to merge")
+    check_aligned(runs, paths)
     seconds = sum(shard["seconds"] for shard in shards)
     setting = {**shards[0]["setting"], "seeds": max(len(rs) for rs in runs.values())}
     return runs, {**shards[0], "setting": setting, "seconds": seconds, "shards": [p.name for p in paths]}
@@ -392,9 +399,10 @@ def main() -> None:
     clock = time.perf_counter()
     if args.merge:
         runs, shard = merge_shards(args.merge, args.merge_methods)
-        setting, quick, seconds = shard["setting"], shard["quick"], shard["seconds"]
+        setting, quick, seconds = shard["setting"], shard.get("quick", False), shard["seconds"]
         extra = {"shards": shard["shards"], "shard_seconds_total": seconds, "provenance": shard.get("provenance"),
-                 **{k: shard[k] for k in ("machine", "python", "torch", "threads", "cpus")}}
+                 **{k: shard.get(k) for k in ("machine", "python", "torch", "threads", "cpus")},
+                 "shard_git": {p.name: read_shard(p).get("git") for p in args.merge}}  # each shard's commit (issue 48)
     else:
         configure_torch(args.threads)
         overrides = sweep_overrides(args)

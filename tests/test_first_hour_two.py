@@ -199,8 +199,8 @@ def test_python_resume_and_overwrite(python_run: tuple[Path, str], tmp_path: Pat
 
     run = tmp_path / "copy"
     shutil.copytree(python_run[0], run)
-    with pytest.raises(UserError, match=r"was started with eval.size = 2 but this call gives 3; resume with the same"):
-        trainer("grpo", run, smoke="random", steps=2, overrides=[FAST[0], "eval.size=3", "log.plot=true"], resume=True)
+    with pytest.raises(UserError, match=r"cannot change optim.lr \(run: 0.0003, given: 0.001\): a resume may change"):
+        trainer("grpo", run, smoke="random", steps=2, overrides=[*FAST, "optim.lr=1e-3", "log.plot=true"], resume=True)
     with pytest.raises(UserError, match=r"already at step 1 and steps = 1 asks for no more; pass steps above 1"):
         trainer("grpo", run, smoke="random", steps=1, overrides=[*FAST, "log.plot=true"], resume=True)
     with trainer("grpo", run, smoke="random", steps=2, overrides=[*FAST, "log.plot=true"], resume=True,

@@ -1,8 +1,8 @@
-"""Issue 15's acceptance path, run from the README as written: convert 100 MuSiQue questions,
+"""The own-data path, run from docs/own-data.md as written: convert 100 MuSiQue questions,
 build a small local BPE Qwen3, train 5 steps of ``trace`` with ``model.format=chat``, evaluate
 with ``--run`` and render the run with ``tracerl view``.
 
-The commands are read from the README's "End to end on MuSiQue with a small local model" block;
+The commands are read from the page's "End to end on MuSiQue with a small local model" block;
 ``tracerl ...`` runs through the real CLI (typer's runner) and ``python examples/...`` through the
 script's ``main``, in a temporary folder (paths into the repository, such as the raw sample and
 the example script, point at this checkout).
@@ -26,12 +26,12 @@ from typer.testing import CliRunner
 from tracerl.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
-HEADING = "### End to end on MuSiQue with a small local model"
+HEADING = "## End to end on MuSiQue with a small local model"
 
 
 def readme_commands() -> list[list[str]]:
     """The bash block under :data:`HEADING`, one argument list per command (continuations joined)."""
-    section = (ROOT / "README.md").read_text(encoding="utf-8").split(f"\n{HEADING}\n", 1)[1]
+    section = (ROOT / "docs" / "own-data.md").read_text(encoding="utf-8").split(f"\n{HEADING}\n", 1)[1]
     match = re.search(r"```bash\n(.*?)```", section, flags=re.S)
     assert match is not None, f"no bash block under {HEADING!r}"
     text = match.group(1).replace("\\\n", " ")
@@ -47,7 +47,7 @@ def _in_checkout(arg: str) -> str:
 
 
 def run_command(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
-    """Run one README command; returns (stdout, stderr)."""
+    """Run one command of the page; returns (stdout, stderr)."""
     args = [_in_checkout(a) for a in args]
     if args[0] == "tracerl":
         result = CliRunner().invoke(app, args[1:])
@@ -76,7 +76,7 @@ def _setting(args: list[str], key: str) -> str:
     return next(a.split("=", 1)[1] for a in args if a.startswith(f"{key}="))
 
 
-def test_readme_end_to_end_on_musique_with_a_small_local_model(
+def test_docs_end_to_end_on_musique_with_a_small_local_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     commands = readme_commands()

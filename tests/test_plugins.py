@@ -71,7 +71,7 @@ def _config(*overrides: str):
     ("data.environment=tracerl.envs.search:no_such_factory", "data.environment = 'tracerl.envs.search:no_such_factory': "
                                                             "environment 'tracerl.envs.search:no_such_factory': module "
                                                             "'tracerl.envs.search' has no attribute 'no_such_factory'"),
-    ("data.environment=wiki", "data.environment = 'wiki' is not valid; allowed values: search"),
+    ("data.environment=wiki", "data.environment = 'wiki' is not valid; allowed values: http_search, search"),
     ("data.tools=[city_tools:area]", "data.tools: tool 'city_tools:area': module 'city_tools' has no attribute 'area'"),
     (f"data.tools=[{HERE}:not_a_tool]", f"data.tools: tool '{HERE}:not_a_tool': tool 'not_a_tool' needs a docstring"),
     ("data.tools=[city_tools:population, city_tools:population]", "names a tool twice"),

@@ -1,4 +1,5 @@
-"""The README's "As a library" block runs as written, and prints what its comments say."""
+"""The documentation's code runs as written: the "As a library" block of docs/library.md prints what its
+comments say, and the "Train from Python" example of docs/getting-started.md trains."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import io
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = ROOT / "docs" / "library.md"
+GETTING_STARTED = ROOT / "docs" / "getting-started.md"
 
 
 def library_block() -> str:
     """The first ```python block after the "## As a library" heading."""
-    text = README.read_text(encoding="utf-8")
+    text = LIBRARY.read_text(encoding="utf-8")
     section = text.split("\n## As a library\n", 1)[1]
     match = re.search(r"```python\n(.*?)```", section, flags=re.S)
     assert match is not None, "no python block under '## As a library'"
@@ -36,7 +39,7 @@ def test_library_snippet_runs_and_prints_its_comments() -> None:
     namespace: dict[str, object] = {"__name__": "readme_snippet"}
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 - the README is ours
+        exec(compile(code, str(LIBRARY), "exec"), namespace)  # noqa: S102 - the docs are ours
     printed = stdout.getvalue().splitlines()
     assert printed == expected_lines(code) and len(printed) == 5
     # The property the prose states: zero on prompt and observation tokens, +-1 on the answer.
@@ -47,14 +50,14 @@ def test_library_snippet_runs_and_prints_its_comments() -> None:
 
 def python_training_block() -> str:
     """The ```python block under "## Train from Python"."""
-    section = README.read_text(encoding="utf-8").split("\n## Train from Python\n", 1)[1].split("\n## ", 1)[0]
+    section = GETTING_STARTED.read_text(encoding="utf-8").split("\n## Train from Python\n", 1)[1].split("\n## ", 1)[0]
     match = re.search(r"```python\n(.*?)```", section, flags=re.S)
     assert match is not None, "no python block under '## Train from Python'"
     return match.group(1)
 
 
 def test_python_training_example_runs_as_written(tmp_path: Path) -> None:
-    """The README's ten-line trainer: a preset, overrides, a reward and a tool as plain functions,
+    """The getting-started page's ten-line trainer: a preset, overrides, a reward and a tool as plain functions,
     ``run()``, and the metrics read back; run as a script (its functions are ``__main__:...``)."""
     import json
     import os
@@ -64,7 +67,7 @@ def test_python_training_example_runs_as_written(tmp_path: Path) -> None:
     code = python_training_block()
     assert len([line for line in code.splitlines() if line.strip()]) <= 10
     (tmp_path / "example.py").write_text(code)
-    env = {**os.environ, "PYTHONPATH": str(README.parent)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import click
 import typer
 
+from tracerl.config.preset_help import presets_epilog
 from tracerl.envs.health import MIN_REACHABILITY
 from tracerl.errors import UsageError, exit_code, one_line
 
@@ -133,14 +134,17 @@ def world_build(
     name_seed: int = typer.Option(0, help="Name seed: the entity names, shared across fact seeds."),
     num_train: int = typer.Option(2000, help="Training questions."),
     num_test: int = typer.Option(500, help="Test questions."),
-    max_hops: int = typer.Option(4, help="Longest question chain (1..4)."),
+    max_hops: int = typer.Option(4, help="Longest question chain (1..5)."),
     distractors: int = typer.Option(1, help="Look-alike siblings per base name."),
+    size: str = typer.Option("tiny", help="tiny: the embedded tiny model's world sizes (~700 entities, names "
+                             "it can read; eval/train --model tiny need them); full: SynthWiki's 2,800 entities."),
 ) -> None:
     """Write a SynthWiki world; the same seeds give byte-identical files."""
-    from tracerl.envs.synthwiki import WorldConfig, build_world, write_world
+    from tracerl.envs.synthwiki import build_world, write_world
+    from tracerl.testbed.world_sizes import world_config
 
-    config = WorldConfig(name_seed=name_seed, fact_seed=seed, num_train=num_train, num_test=num_test,
-                         max_hops=max_hops, distractors=distractors)
+    config = world_config(size, name_seed=name_seed, fact_seed=seed, num_train=num_train, num_test=num_test,
+                          max_hops=max_hops, distractors=distractors)
     world = build_world(config)
     paths = write_world(world, out)
     typer.echo(f"{len(world.documents)} documents, {len(world.train)} train / {len(world.test)} test "
@@ -151,7 +155,9 @@ def world_build(
 @_guarded("env-check")
 def env_check(
     tasks: str = typer.Option(..., help="Tasks JSONL (id, question, answers, supporting_titles/supporting_ids)."),
-    corpus: str = typer.Option(..., help="Corpus JSONL (id, title, text)."),
+    corpus: str = typer.Option(None, help="Corpus JSONL (id, title, text); or give --retriever-url."),
+    retriever_url: str = typer.Option(None, "--retriever-url", help="Check the http_search environment: the "
+                                      "retrieval server at this URL (tracerl serve-retriever, or Search-R1's)."),
     policy: str = typer.Option("oracle", help="oracle (search each gold paragraph's title, open it by id if missed, "
                                               "answer gold) or random."),
     limit: int = typer.Option(None, help="Check only the first N tasks."),
@@ -171,11 +177,30 @@ def env_check(
 
     if not 0.0 <= min_reachability <= 1.0:
         raise UsageError(f"--min-reachability must be in [0, 1] (0: never fail), got {min_reachability}")
-    summary = run_env_check(tasks, corpus, policy=policy, limit=limit, seed=seed)
+    if (corpus is None) == (retriever_url is None):
+        raise UsageError("give --corpus CORPUS (the search environment) or --retriever-url URL (http_search)")
+    summary = run_env_check(tasks, corpus, policy=policy, limit=limit, seed=seed, retriever_url=retriever_url)
     typer.echo(json.dumps(summary, indent=2))
     if policy == "oracle":
         check_reachability(summary["answer_reachability"], min_reachability, summary["tasks"],
-                           f"tasks {tasks} over corpus {corpus}", "--min-reachability 0 accepts it")
+                           f"tasks {tasks} over corpus {corpus or retriever_url}", "--min-reachability 0 accepts it")
+
+
+@app.command("serve-retriever")
+@_guarded("serve-retriever")
+def serve_retriever(
+    corpus: str = typer.Option(..., help="Corpus JSONL (id, title, text) to index with bm25s."),
+    port: int = typer.Option(8000, help="Port to listen on; 0 picks a free one (printed)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (127.0.0.1: this machine only)."),
+    top_k: int = typer.Option(3, "--top-k", help="Documents per query when a request gives no topk."),
+    latency_ms: float = typer.Option(0.0, "--latency-ms", help="TEST/BENCHMARK ONLY: wait this long before "
+                                     "answering each request, to stand in for a remote retriever."),
+) -> None:
+    """Serve a corpus over HTTP with Search-R1's POST /retrieve API (plus POST /open, GET /info), for
+    data.environment=http_search; needs pip install -e ".[serve]"."""
+    from tracerl.envs.retriever_server import serve
+
+    serve(corpus, host=host, port=port, top_k=top_k, latency_ms=latency_ms, echo=typer.echo)
 
 # --- data (convert raw QA files) -----------------------------------------------------------
 
@@ -245,6 +270,8 @@ def eval_model(
                                                "and held-out data (--tasks/--corpus replace the data)."),
     tasks: str = typer.Option(None, help="Tasks JSONL (id, question, answers); needed with --model."),
     corpus: str = typer.Option(None, help="Corpus JSONL (id, title, text) for the search tool; needed with --model."),
+    retriever_url: str = typer.Option(None, "--retriever-url", help="With --model, instead of --corpus: search "
+                                      "over the retrieval server at this URL (the http_search environment)."),
     samples: int = typer.Option(1, help="Rollouts per task (k of pass@k; use with --temperature 1)."),
     limit: int = typer.Option(None, help="Evaluate only the first N tasks."),
     out: str = typer.Option(None, help="Write one trajectory per line to this JSONL file."),
@@ -282,15 +309,16 @@ def eval_model(
         from tracerl.rollout.evaluate import run_eval
         from tracerl.config.checks import check_model_source
 
-        if not (tasks and corpus):
-            raise UsageError("--model needs --tasks and --corpus (or evaluate a run with --run RUN_DIR)")
+        if not (tasks and (corpus or retriever_url)):
+            raise UsageError("--model needs --tasks and --corpus or --retriever-url (or evaluate a run with --run RUN_DIR)")
         note = check_model_source(model, field="--model")
         if note:
             typer.echo(f"note: {note}", err=True)
         config = EngineConfig(max_turns=max_turns, max_turn_tokens=max_turn_tokens,
                               max_total_tokens=max_total_tokens, temperature=temperature)
         metrics = run_eval(model, tasks, corpus, samples=samples, limit=limit, out=out, format_name=format,
-                           config=config, seed=seed, device=device, tiny_preset=tiny_preset, show_progress=progress)
+                           config=config, seed=seed, device=device, tiny_preset=tiny_preset, show_progress=progress,
+                           retriever_url=retriever_url)
     typer.echo(json.dumps(metrics, indent=2))
 
 
@@ -300,19 +328,23 @@ config_app = typer.Typer(help="Inspect training configs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
 
-@app.command("train")
+@app.command("train", epilog=presets_epilog())
 @_guarded("train")
 def train(
-    preset: str = typer.Argument(None, help="grpo, dapo, gigpo, gspo, tree_grpo, trace_alloc, trace_credit, trace, or an ablation arm trace_alloc_uu/ul/lu."),
+    preset: str = typer.Argument(None, help="A method preset (every one is listed below, one line each)."),
     out: str = typer.Option(None, "--out", help="Run folder (metrics.jsonl, checkpoints)."),
     config: str = typer.Option(None, "--config", help="YAML file layered over the preset."),
     set_: list[str] = typer.Option(None, "--set", help="Override, e.g. --set optim.lr=1e-5 (repeatable)."),
     steps: int = typer.Option(None, help="Train until this many steps in total."),
-    smoke: bool = typer.Option(False, "--smoke", help="The smoke-pretrained tiny model (pretrained once, cached) on a "
+    smoke: bool = typer.Option(False, "--smoke", help="The smoke-pretrained tiny model (shipped in the package) on a "
                                "tiny world: seconds; calls tools, rewards some episodes, scores credit."),
     smoke_random: bool = typer.Option(False, "--smoke-random", help="--smoke on a random tiny model whose vocabulary "
                                       "is built from the run's format and tools (custom ones); never calls a tool."),
-    resume: str = typer.Option(None, "--resume", help="Continue the run in this folder exactly."),
+    resume: str = typer.Option(None, "--resume", help="Continue the run in this folder exactly; --steps and --set of "
+                               "steps, eval.*, log.*, dist.*, model.device/threads, data.retriever_url may change, "
+                               "nothing else."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Remove the previous run in --out first (tracerl's "
+                                   "files only, listed on stderr; other files there stay)."),
     device: str = typer.Option(None, "--device", help="With --resume: continue on this device (e.g. cuda:0)."),
     nproc: int = typer.Option(None, "--nproc", help="Training processes (FSDP2, one per GPU), launched through "
                               "torchrun; rank 0 drives. Sets dist.nproc; with --resume, any count."),
@@ -339,25 +371,44 @@ def train(
     _STATE["writing"] = resume or out
     if device is not None and not resume:
         raise UsageError("--device goes with --resume; a fresh start takes --set model.device=...")
+    _check_resume_flags(resume, out, overwrite, smoke_mode)
     if nproc is not None and nproc > 1 and launched_world() == 1:  # checked here, then torchrun starts N copies
         if not resume and (not preset or not out):
             raise UsageError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")
-        check_launch(preset, config, set_, smoke_mode, resume, out, nproc, trust_code=trust_run_code)
+        check_launch(preset, config, set_, smoke_mode, resume, out, nproc, trust_code=trust_run_code,
+                     overwrite=overwrite)
         _pretrain_smoke_model(smoke_mode, preset, config, set_)
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, given so it prints no banner
         raise typer.Exit(relaunch(nproc, sys.argv[1:]))
     driver = _rank0_driver() if launched_world() > 1 else None  # rank 0 under torchrun drives the sharded update
     if resume:
         start = resume_training(resume, steps=steps, device=device, nproc=nproc, trust_code=trust_run_code,
-                                start_driver=driver)
+                                start_driver=driver, preset=preset, config_file=config, overrides=set_)
     else:
         if not preset or not out:
             raise UsageError("give a PRESET and --out RUN_DIR (or --resume RUN_DIR)")
         _preflight(preset, config, set_ or [], smoke_mode)
+        if overwrite:  # after the checks: a refused config removes nothing
+            from tracerl.runs.overwrite import overwrite_run_folder
+
+            overwrite_run_folder(out, notify=lambda line: typer.echo(line, err=True))
         _pretrain_smoke_model(smoke_mode, preset, config, set_)
         start = start_training(preset, out, config_file=config, overrides=set_ or [], steps=steps, smoke=smoke_mode,
                                start_driver=driver)
     start()
+
+
+def _check_resume_flags(resume: str | None, out: str | None, overwrite: bool, smoke: bool | str) -> None:
+    """Flags that choose a fresh run's folder or model do not go with --resume (which keeps the run's own)."""
+    if not resume:
+        return
+    if overwrite:
+        raise UsageError("give --resume RUN_DIR (continue it) or --overwrite (start over in --out), not both")
+    if out is not None and os.path.abspath(out) != os.path.abspath(resume):
+        raise UsageError(f"--resume continues {resume} in place; drop --out {out} (or start a new run there "
+                         "without --resume)")
+    if smoke:
+        raise UsageError("--smoke/--smoke-random choose a fresh run's model; a resumed run keeps its own: drop it")
 
 
 def _rank0_driver() -> Any:

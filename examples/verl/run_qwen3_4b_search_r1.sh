@@ -10,6 +10,9 @@
 # MODEL is the one model path: verl's actor and tracerl's tokenizer and frozen reference both take it
 # (the manager refuses a tracerl config that names another checkpoint). Paths are made absolute here:
 # verl's TaskRunner, where the manager runs, may start on another node and in another directory.
+# No KL term: readiness scores on verl's reference worker (+tracerl.readiness=reference_worker), which
+# the tracerl_sync trainer has verl build without a reference forward over every leaf.
+# trainer.default_local_dir must be a path every node sees: verl resumes only from there.
 set -euo pipefail
 MODEL=${MODEL:-Qwen/Qwen3-4B}
 DATA=$(realpath "${DATA:-$HOME/data/searchR1}")
@@ -34,8 +37,6 @@ python3 -m verl.trainer.main_ppo \
   actor_rollout_ref.actor.ppo_mini_batch_size=64 \
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \
-  actor_rollout_ref.actor.use_kl_loss=True \
-  actor_rollout_ref.actor.kl_loss_coef=0.0 \
   actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
   algorithm.adv_estimator=tracerl_trace_credit \
   algorithm.use_kl_in_reward=False \

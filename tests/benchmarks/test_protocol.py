@@ -73,7 +73,10 @@ def test_merge_keeps_one_of_identical_twins_and_rejects_different_ones(tmp_path)
 
     def shard(name: str, runs: dict) -> Path:
         path = tmp_path / name
-        path.write_text(json.dumps({"setting": {"seeds": 1}, "runs": runs, "seconds": 1.0}))
+        curve = [{"step": 0, "rollouts": 0, "generated_tokens": 0, "accuracy": 0.1}]  # what a merge checks is there
+        whole = {m: [{**r, "curve": curve, "step_seconds": [1.0], "final": {"train": None, "redrawn": None, **r["final"]}}
+                     for r in rs] for m, rs in runs.items()}
+        path.write_text(json.dumps({"setting": {"seeds": 1}, "runs": whole, "seconds": 1.0}))
         return path
 
     a = shard("a.json", {"grpo": [run(0, 0.2)], "trace_alloc": [run(0, 0.3)]})

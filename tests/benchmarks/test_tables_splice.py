@@ -1,4 +1,4 @@
-"""The README tables are refreshed in place from the results, and the committed ones are current."""
+"""The results tables are refreshed in place from the results JSONs, and the committed pages are current."""
 
 from __future__ import annotations
 
@@ -61,7 +61,16 @@ def test_table_keys() -> None:
 
 
 def test_committed_tables_are_what_the_committed_results_make() -> None:
-    """A results JSON changed without `python benchmarks/common.py --splice benchmarks/README.md`
-    leaves a stale table in benchmarks/README.md: this names it."""
-    text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
-    assert common.splice(text, common.table_parts())[1] == []
+    """A results JSON changed without `python benchmarks/common.py --splice docs/results/*.md`
+    leaves a stale table in the docs' results pages: this names it."""
+    for page in sorted((ROOT / "docs" / "results").glob("*.md")):
+        assert common.splice(page.read_text(encoding="utf-8"), common.table_parts())[1] == [], page.name
+
+
+def test_every_table_the_results_make_is_on_one_results_page() -> None:
+    """Splicing only replaces tables in place, so a table no page holds would silently go unshown."""
+    parts = common.table_parts()
+    counts = {common.table_key(p): common._tables(p) for p in parts}
+    placed = [key for page in sorted((ROOT / "docs" / "results").glob("*.md"))
+              for _, _, key in common._blocks(page.read_text(encoding="utf-8"), counts)]
+    assert sorted(placed) == sorted(counts)  # each once: none missing, none shown twice

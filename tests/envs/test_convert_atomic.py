@@ -16,6 +16,7 @@ from tracerl.envs.data import load_corpus, load_tasks
 from tracerl.envs.manifest import MANIFEST
 from tracerl.errors import UserError
 from helpers_cli import invoke, one_line
+from helpers_temps import dead_writer_temps
 
 RAW = Path(__file__).parents[1] / "data" / "raw" / "musique_dev_sample.jsonl"
 TASK = '{{"id": "{i}", "question": "Who is {i}?", "answers": ["A{i}"]}}\n'
@@ -85,9 +86,11 @@ def test_a_full_disk_leaves_the_previous_output_whole(tmp_path: Path, monkeypatc
 
 
 def test_stale_temporaries_of_a_killed_conversion_are_removed(tmp_path: Path) -> None:
-    (tmp_path / ".tasks.jsonl.tmp-999999999").write_text("half")
+    (stale,) = dead_writer_temps(tmp_path, files=["tasks.jsonl"])
+    (tmp_path / ".tasks.jsonl.tmp-999999999").write_text("a user's file in a temporary-like name")
     convert("musique", RAW, tmp_path)
-    assert not (tmp_path / ".tasks.jsonl.tmp-999999999").exists()
+    assert not (tmp_path / stale).exists()
+    assert (tmp_path / ".tasks.jsonl.tmp-999999999").read_text() == "a user's file in a temporary-like name"
 
 
 # --- item 7: deeply nested JSON --------------------------------------------------------------

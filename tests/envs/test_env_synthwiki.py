@@ -119,7 +119,7 @@ def test_train_and_test_questions_are_distinct(default_world) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_hops", 5), ("min_hops", 0), ("facts_per_document", 9), ("num_cities", 1),
+    [("max_hops", 6), ("min_hops", 0), ("facts_per_document", 9), ("num_cities", 1),
      ("distractors", -1), ("distractors", 5), ("num_train", -3), ("fact_seed", 1.5)],
 )
 def test_config_errors_name_the_field(field, value) -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import textwrap
 import threading
 import time
 import tracemalloc
@@ -15,6 +13,7 @@ from pathlib import Path
 
 import helpers_tools
 import pytest
+from helpers_procs import BOUND_S, HUNG, alive, stop, trainer_process, wait_for
 
 from tracerl.core.types import Action, Task
 from tracerl.envs.base import EnvConfig, ToolEnvironment
@@ -96,31 +95,25 @@ def test_a_10_mb_message_or_result_becomes_a_bounded_observation(isolated: bool)
     assert held < 2_000_000  # nothing of the 10 MB strings is kept after the calls
 
 
-def test_ctrl_c_stops_a_caller_waiting_on_a_hung_isolated_tool_and_kills_its_worker() -> None:
-    script = textwrap.dedent("""
-        import sys
-        import helpers_tools
-        from tracerl.envs.tools import Tool, ToolSet
-
-        tools = ToolSet([Tool.from_function(helpers_tools.worker_pid, isolated=True),
-                         Tool.from_function(helpers_tools.backtrack, isolated=True)])
-        print(tools.call("worker_pid", {"query": "q"}), flush=True)
-        tools.call("backtrack", {"query": "q"})  # no timeout: only Ctrl-C ends it
-    """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])}
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO, env=env)
+@pytest.mark.parametrize("ignore_sigint", [False, True], ids=["foreground", "background-job"])
+def test_ctrl_c_stops_a_caller_waiting_on_a_hung_isolated_tool_and_kills_its_worker(tmp_path: Path,
+                                                                                   ignore_sigint: bool) -> None:
+    """Run as a background job (``make test &``) the child inherits SIGINT ignored and the test used
+    to fail, leaving the worker spinning: the child's script restores Python's handler (what the
+    test depends on), waits for the tool to be running (a file it writes, not a sleep), and
+    whatever happens the child and its worker are stopped."""
+    marker = tmp_path / "running"
+    proc = trainer_process(HUNG, str(marker), ignore_sigint=ignore_sigint)
+    worker = 0
     try:
         worker = int(proc.stdout.readline())
-        time.sleep(1.0)  # the regex is running in the worker now
+        wait_for(marker.exists, "the tool starting in its worker")
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=BOUND_S)
+        assert proc.returncode != 0 and "KeyboardInterrupt" in err
+        wait_for(lambda: not alive(worker), "the worker ending")
     finally:
-        proc.kill()
-    assert proc.returncode != 0 and "KeyboardInterrupt" in err
-    time.sleep(0.5)
-    with pytest.raises(ProcessLookupError):
-        os.kill(worker, 0)
+        stop(proc, worker)
 
 
 def test_plugin_tools_run_isolated_unless_switched_off() -> None:

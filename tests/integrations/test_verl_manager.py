@@ -452,3 +452,160 @@ def test_readiness_on_a_reference_worker_verl_does_not_build_is_refused(monkeypa
     trainer.use_reference_policy = True
     monkeypatch.setattr(PPOTrainerSync, "fit", lambda self, m: "fitted")
     assert trainer.fit(manager) == "fitted" and manager.verl_reference.compute == trainer.reference_logprobs
+
+
+@pytest.fixture()
+def failing(servers, cluster):
+    """Make both servers raise on the requests whose prompt holds a text; healthy again after the test."""
+    ray, handles = cluster[0], servers[1]
+
+    def fail(text):
+        ray.get([h.fail_requests_containing.remote(text) for h in handles.values()])
+
+    yield fail
+    fail(None)
+
+
+def test_a_failed_request_fails_its_tree_only(step, servers, cluster, failing) -> None:
+    """A server error on one tree's requests (verl's own agent loop fails only that prompt's group):
+    the step goes on; that tree's leaves are in TransferQueue with an all-zero mask, reward 0 and
+    advantage 0, outside every group statistic; the others get exactly tracerl's trace_credit;
+    ``tracerl/failed_trees`` counts it."""
+    from transfer_queue.metadata import KVBatchMeta
+
+    from tracerl.integrations.verl.manager import TraceAgentLoopManager
+
+    _, tq = cluster
+    w, _, _ = shared()
+    first, tasks = step[0].last_trees[0].task_id, step[1]  # the same batch plans the same first trees
+    victim = next(i for i, t in enumerate(tasks) if t.id == first)
+    manager = TraceAgentLoopManager(CONFIG, servers[0], parts=_parts())
+    failing(tasks[victim].question)
+    batch, uids = _batch(w.train[:8], global_steps=1)
+    tq.kv_batch_put(keys=uids, partition_id="train", tags=[{"is_prompt": True, "status": "pending", "global_steps": 1}] * 8)
+    manager.generate_sequences(batch)
+    (bad,) = [t for t in manager.last_trees if t.task_id == first]
+    others = [t for t in manager.last_trees if t is not bad]
+    assert manager.last_metrics["failed_trees"] == 1.0 and list(manager.last_failed) == [bad.tree_id]
+    assert manager.last_failed[bad.tree_id] in {f"RuntimeError: server-{i}: injected engine failure" for i in (0, 1)}
+    assert all(t.infra_failed and t.reward == 0.0 for t in bad.trajectories.values())
+    assert others and not any(t.infra_failed for tree in others for t in tree.trajectories.values())
+    listing = tq.kv_list(partition_id="train")["train"]
+    assert all(listing[u]["status"] == "finished" for u in uids)
+    keys = sorted(k for k in listing if k.split("_")[0] in uids and k not in uids)
+    assert len(keys) == BUDGET
+    _advantage_trainer()._compute_advantage(KVBatchMeta(keys=keys, tags=[listing[k] for k in keys],
+                                                        partition_id="train"), {})
+    data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages", "response_mask", "rm_scores",
+                                                                          "tracerl_tree_id", "tracerl_node_path"])
+    dead = [i for i, k in enumerate(keys) if k.split("_")[0] == uids[victim]]
+    assert len(dead) == len(bad.trajectories)
+    for i in dead:
+        assert str(data["tracerl_tree_id"][i]).startswith(f"failed:{bad.tree_id}:")
+        assert float(data["response_mask"][i].abs().sum() + data["advantages"][i].abs().sum()
+                     + data["rm_scores"][i].abs().sum()) == 0.0
+    leaves = {(t.tree_id, t.node_path[-1]): t for tree in others for t in tree.trajectories.values()}
+    real = [i for i in range(len(keys)) if i not in dead]
+    order = [leaves[(data["tracerl_tree_id"][i], list(data["tracerl_node_path"][i])[-1])] for i in real]
+    want = get_estimator("trace_credit")(AdvantageBatch(order, {t.tree_id: t for t in others}), AdvantageOptions())
+    for i, traj, adv in zip(real, order, want, strict=True):
+        expected = adv[len(traj.prompt_ids):]
+        assert torch.equal(data["advantages"][i][: expected.numel()], expected), i
+    assert any(bool((a != 0).any()) for a in want)
+
+
+def test_steps_with_most_trees_failed_stop_the_run_in_one_line(servers, cluster, failing) -> None:
+    """Every request fails: the first such step trains nothing and goes on; the second in a row
+    (``+tracerl.max_failed_steps=2``) stops with one line, its prompts marked failed."""
+    from tracerl.integrations.verl.manager import TraceAgentLoopManager
+
+    _, tq = cluster
+    w, _, _ = shared()
+    config = OmegaConf.merge(CONFIG, {"tracerl": {"max_failed_steps": 2}})
+    manager = TraceAgentLoopManager(config, servers[0], parts=_parts())
+    failing("")
+    batch, uids = _batch(w.train[24:28], global_steps=1)
+    manager.generate_sequences(batch)
+    trees = len(manager.last_trees)
+    assert manager.last_metrics["failed_trees"] == trees > 0 and manager.failed_steps == 1
+    assert all(t.infra_failed for tree in manager.last_trees for t in tree.trajectories.values())
+    batch, uids = _batch(w.train[28:32], global_steps=2)
+    with pytest.raises(UserError, match=r"^step 2: (\d+) of \1 trees failed \(tree '.+': RuntimeError: server-\d: "
+                                        r"injected engine failure\); 2 steps in a row with at least half failed "
+                                        r"\(tracerl.max_failed_steps = 2\): check verl's rollout servers$"):
+        manager.generate_sequences(batch)
+    listing = tq.kv_list(partition_id="train")["train"]
+    assert all(listing[u]["status"] == "failure" for u in uids)
+
+
+class _Silent:
+    """A server client that never answers (a hung engine), counting the requests it got."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params):
+        import asyncio
+
+        self.calls += 1
+        await asyncio.Event().wait()
+
+
+def test_a_request_past_its_timeout_fails_its_tree_and_sends_no_more() -> None:
+    from tracerl.integrations.verl.server_policy import VerlServerPolicy
+    from tracerl.models.backend import SamplingParams
+
+    _, _, policy = shared()
+    client = _Silent()
+    backend = VerlServerPolicy(client, policy.tokenizer, timeout_s=0.05)
+    params = SamplingParams(max_new_tokens=4)
+    gens = backend.generate([[1, 2], [1, 3]], params, routing_keys=["tree-a", "tree-a"])
+    eos = policy.tokenizer.eos_token_id
+    assert [(g.token_ids, g.logprobs, g.finish_reason) for g in gens] == [([eos], [0.0], "eos")] * 2
+    assert backend.generate([[1, 2, 5]], params, routing_keys=["tree-a"])[0].token_ids == [eos]
+    assert client.calls == 2  # the failed tree's later row is not sent
+    assert backend.stats["failed_requests"] == 2 and backend.stats["generated_tokens"] == 0
+    assert backend.take_failed() == {"tree-a": "no answer within request_timeout_s = 0.05"}
+    assert backend.failed == {}
+
+
+def test_a_kl_that_weighs_nothing_runs_no_reference_forward(step, cluster) -> None:
+    """use_kl_loss with kl_loss_coef=0 (what readiness on verl's reference worker sets): the
+    trainer's reference step copies old_log_probs (the trainer here has no worker to call)."""
+    from transfer_queue.metadata import KVBatchMeta
+
+    from tracerl.integrations.verl.trainer import TraceSyncTrainer
+
+    _, tq = cluster
+    listing = step[4]
+    keys = sorted(k for k in listing if not listing[k].get("is_prompt", False))
+    old = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["rollout_log_probs"])
+    old["old_log_probs"] = old.pop("rollout_log_probs")
+    tq.kv_batch_put(keys=keys, partition_id="train", fields=old)
+    trainer = object.__new__(TraceSyncTrainer)
+    trainer.config = OmegaConf.create({"actor_rollout_ref": {"actor": {"use_kl_loss": True, "kl_loss_coef": 0.0}},
+                                       "algorithm": {"use_kl_in_reward": False}})
+    trainer._compute_ref_log_prob(KVBatchMeta(keys=keys, tags=[listing[k] for k in keys], partition_id="train"), {})
+    got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["ref_log_prob", "old_log_probs"])
+    assert all(torch.equal(got["ref_log_prob"][i], got["old_log_probs"][i]) for i in range(len(keys)))
+
+
+class _Cached:
+    """A server client answering one token and vLLM's ``num_cached_tokens`` (prompt length - 1)."""
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params):
+        from verl.workers.rollout.replica import TokenOutput
+
+        return TokenOutput(token_ids=[7], log_probs=[-0.5], stop_reason="completed",
+                           extra_fields={"global_steps": 0, "num_cached_tokens": len(prompt_ids) - 1})
+
+
+def test_vllms_prefix_cache_hits_are_counted() -> None:
+    from tracerl.integrations.verl.server_policy import VerlServerPolicy
+    from tracerl.models.backend import SamplingParams
+
+    _, _, policy = shared()
+    backend = VerlServerPolicy(_Cached(), policy.tokenizer)
+    backend.generate([[1, 2, 3], [1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=1), routing_keys=["t", "t"])
+    assert (backend.stats["cached_prompt_tokens"], backend.stats["reported_prompt_tokens"]) == (2 + 4, 3 + 5)
+    assert backend.stats["generated_tokens"] == 2 and backend.failed == {}

@@ -52,6 +52,35 @@ def test_import_verl_loads_the_plugin() -> None:
     assert out.stdout.split() == ["tracerl_trace_credit", "tracerl_tree_anchor", "TraceSyncTrainer"]
 
 
+HEAVY = ("verl.trainer.ppo.v1.trainer_base", "verl.trainer.ppo.core_algos", "verl.workers.rollout.replica",
+         "transfer_queue", "vllm", "tracerl.integrations.verl.hf_rollout", "tracerl.integrations.verl.trainer",
+         "tracerl.integrations.verl.estimators", "tracerl.models", "torch", "ray")
+"""What verl's plug-in entry point must not import: it loads in every verl process, vLLM's included."""
+
+
+def test_the_entry_point_imports_nothing_heavy_until_used() -> None:
+    """verl (plug-ins off) loaded first, then tracerl's entry point as verl loads it: it adds tracerl's
+    names and wrapt's import hooks, nothing of the list above; the names resolve once verl imports
+    its registries."""
+    out = _python(
+        "import os, sys\n"
+        "os.environ['VERL_USE_EXTERNAL_PLUGINS'] = 'none'\n"
+        "import verl\n"
+        "before = set(sys.modules)\n"
+        "from importlib.metadata import entry_points\n"
+        "[ep] = [e for e in entry_points(group='verl.plugins') if e.name == 'tracerl']\n"
+        "ep.load()\n"
+        "added = sorted(set(sys.modules) - before)\n"
+        f"print([m for m in added if m.startswith({HEAVY!r})])\n"
+        "print([m for m in added if not m.startswith(('wrapt', 'tracerl'))])\n"
+        "from verl.workers.rollout.replica import RolloutReplicaRegistry\n"
+        "from verl.trainer.ppo.v1 import get_trainer_cls\n"
+        "print(RolloutReplicaRegistry.get('tracerl_hf').__name__, get_trainer_cls('tracerl_sync').__name__)\n"
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["[]", "[]", "HFReplica TraceSyncTrainer"]
+
+
 def test_a_broken_plugin_fails_the_check_in_one_line() -> None:
     """verl swallows the plug-in's import error; the check names what is missing, why and how to install."""
     out = _python(

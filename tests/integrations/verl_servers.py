@@ -2,7 +2,8 @@
 signature (``prompt_ids``, ``sampling_params`` as vLLM reads them, ``request_id``) from tracerl's
 :class:`~tracerl.models.backend.HFPolicy`, answering with verl's ``TokenOutput`` and the weights
 step it holds (``extra_fields["global_steps"]``, as verl's server reports it). It logs every
-request's prompt ids, so a test can tell which server each tree reached.
+request's prompt ids, so a test can tell which server each tree reached, and fails on request
+(:meth:`HFServer.fail_requests_containing`) the way a crashed engine does: the call raises.
 
 verl's real ``LLMServerClient`` and router sit in front of it; only the inference engine is
 tracerl's (no vLLM on this machine)."""
@@ -23,12 +24,16 @@ class HFServer:
     def __init__(self, model: Any, tokenizer: Any, name: str, global_steps: int | None = 0) -> None:
         torch.set_num_threads(1)
         self.policy = HFPolicy(model, tokenizer)
+        self.tokenizer = tokenizer
+        self.fail_text: str | None = None
         self.name = name
         self.global_steps = global_steps
         self.requests: list[list[int]] = []
 
     def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str,
                  image_data: Any = None, video_data: Any = None, **_: Any) -> TokenOutput:
+        if self.fail_text is not None and self.fail_text in self.tokenizer.decode(list(prompt_ids)):
+            raise RuntimeError(f"{self.name}: injected engine failure")
         sp = dict(sampling_params)
         if sp.get("include_stop_str_in_output") is not True:
             raise ValueError("include_stop_str_in_output must be True (tracerl trains on stop tokens)")
@@ -39,6 +44,10 @@ class HFServer:
         self.requests.append(list(prompt_ids))
         return TokenOutput(token_ids=gen.token_ids, log_probs=gen.logprobs if sp.get("logprobs") else None,
                            stop_reason="completed", extra_fields={"global_steps": self.global_steps})
+
+    def fail_requests_containing(self, text: str | None) -> None:
+        """Raise on every request whose prompt holds ``text`` ("": all; None: none)."""
+        self.fail_text = text
 
     def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps

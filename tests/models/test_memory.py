@@ -1,4 +1,4 @@
-"""The memory estimate behind the README's "Running on a GPU" table."""
+"""The memory estimate behind the "Which models fit" table of docs/gpu.md."""
 
 from __future__ import annotations
 

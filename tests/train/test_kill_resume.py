@@ -27,6 +27,8 @@ from tracerl.runs.metrics import is_timing_key, read_metrics
 from tracerl.train.run import resume_training, start_training
 from tracerl.runs.folder import RunFolderError
 
+from helpers_temps import dead_writer_temps
+
 ROOT = Path(__file__).resolve().parents[2]
 CHEAP = ["model.name_or_path=tiny", "model.tiny_preset=smoke", "data.verifier=answered", "eval.every=0",
          "eval.size=2", "rollout.budget=8", "rollout.pool_size=2", "rollout.engine.max_turns=3", "optim.lr=1e-3",
@@ -125,11 +127,8 @@ def test_a_stale_initial_of_another_model_is_never_reused(tmp_path: Path) -> Non
 
 
 def test_a_kill_while_initial_is_written_leaves_a_temporary_that_the_next_start_removes(tmp_path: Path) -> None:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    partial = tmp_path / f".initial.tmp-{child.pid}"
-    partial.mkdir()
-    (partial / "config.json").write_text("{}")  # weights written, tokenizer never was
+    (name,) = dead_writer_temps(tmp_path, dirs=["initial"])  # its config.json written, the tokenizer never was
+    partial = tmp_path / name
     with Trainer(cheap_config(), tmp_path):  # a temporary is not run state: a fresh start is fine
         pass
     assert not partial.exists()

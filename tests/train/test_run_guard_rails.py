@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers_temps import dead_writer_temps
 from helpers_tiny import bpe_tokenizer, tiny_model
 
 from tracerl.runs import state as runstate_module
@@ -130,19 +131,18 @@ def test_thread_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_pretraining_cache_removes_temps_of_dead_processes(tmp_path: Path) -> None:
-    from tracerl.testbed.tiny import LEGACY_TEMP_AGE_S, remove_dead_temps
+    from tracerl.atomic import make_temp_dir
+    from tracerl.testbed.tiny import remove_dead_temps
 
+    (dead,) = dead_writer_temps(tmp_path, dirs=["abc123"])
+    live = make_temp_dir(tmp_path / "def456")  # this process: maybe pretraining right now
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
-    (tmp_path / f".tmp-{child.pid}-abc").mkdir()
-    (tmp_path / f".tmp-{os.getpid()}-live").mkdir()  # this process: maybe pretraining right now
-    old, recent = tmp_path / ".tmp-legacy1", tmp_path / ".tmp-legacy2"
-    old.mkdir()
-    recent.mkdir()
-    past = time.time() - LEGACY_TEMP_AGE_S - 60
-    os.utime(old, (past, past))
-    assert remove_dead_temps(tmp_path) == [f".tmp-{child.pid}-abc", ".tmp-legacy1"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f".tmp-{os.getpid()}-live", ".tmp-legacy2"]
+    (tmp_path / f".tmp-{child.pid}-abc").mkdir()  # a user's (or an older tracerl's) folder: never removed
+    (tmp_path / ".x.tmp-99999999999999999999").mkdir()  # a pid past the platform's range: no OverflowError
+    assert remove_dead_temps(tmp_path) == [dead]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, f".tmp-{child.pid}-abc",
+                                                                 ".x.tmp-99999999999999999999"])
 
 
 def test_logging_tags_are_grouped_and_hparams_flat() -> None:

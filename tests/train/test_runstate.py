@@ -33,7 +33,10 @@ from tracerl.runs.checkpoint import (
     save_checkpoint,
 )
 from tracerl.runs.metrics import MetricsLog, parse_metrics, read_metrics
+from tracerl.atomic import open_temp
 from tracerl.runs.folder import RunFolderError, RunLock, refuse_if_state, remove_stale_temps, run_state
+
+from helpers_temps import dead_writer_temps, own_temps
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,18 +98,17 @@ def test_a_fresh_start_refuses_any_run_state_naming_it(tmp_path: Path) -> None:
 
 
 def test_temporaries_of_dead_writers_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
-    dead, alive = _dead_pid(), os.getpid()
-    (tmp_path / f".initial.tmp-{dead}").mkdir()  # a kill while initial/ was being written
-    (tmp_path / f".initial.tmp-{dead}" / "config.json").write_text("{")
-    (tmp_path / f".ckpt-000003.tmp-{dead}").mkdir()
-    (tmp_path / f".LATEST.tmp-{dead}").write_text("ckpt-0")
-    (tmp_path / f".metrics.jsonl.tmp-{alive}").write_text("")
+    dead = dead_writer_temps(tmp_path, files=["LATEST"], dirs=["initial", "ckpt-000003"])  # a kill mid-write
+    live, fd = open_temp(tmp_path / "metrics.jsonl")  # this process: its writer may still be writing
+    os.close(fd)
     (tmp_path / "notes.tmp-1").write_text("not ours: no leading dot")
+    (tmp_path / f".metrics.jsonl.tmp-{_dead_pid()}").write_text("not ours: a user's name pattern")
     removed = remove_stale_temps(tmp_path, holding_lock=False)
-    assert removed == sorted([f".initial.tmp-{dead}", f".ckpt-000003.tmp-{dead}", f".LATEST.tmp-{dead}"])
-    assert (tmp_path / f".metrics.jsonl.tmp-{alive}").exists() and (tmp_path / "notes.tmp-1").exists()
-    # Holding the lock, no other writer can exist: every temporary is stale.
-    assert remove_stale_temps(tmp_path, holding_lock=True) == [f".metrics.jsonl.tmp-{alive}"]
+    assert removed == sorted(dead)
+    assert live.exists() and (tmp_path / "notes.tmp-1").exists()
+    # Holding the lock, no other writer can exist: every temporary of tracerl's is stale; the user's stay.
+    assert remove_stale_temps(tmp_path, holding_lock=True) == [live.name]
+    assert len(list(tmp_path.iterdir())) == 2
 
 
 # --- crash-consistent metrics ------------------------------------------------------------------------
@@ -149,7 +151,7 @@ def test_truncation_is_atomic_a_kill_midway_leaves_the_old_file(tmp_path: Path,
         log.truncate_after(1)
     assert (tmp_path / "metrics.jsonl").read_bytes() == before  # in-place truncation had left it empty
     monkeypatch.undo()
-    assert remove_stale_temps(tmp_path, holding_lock=True) == [f".metrics.jsonl.tmp-{os.getpid()}"]
+    assert own_temps(tmp_path) == []  # the interrupted write removed its own temporary
 
 
 @pytest.mark.parametrize("torn", ['{"step": 3, "lo', '{"step": 3}', '{"step": 3, "lo\n'])

@@ -52,7 +52,7 @@ def test_smoke_overlay_uses_a_random_tiny_model_and_a_tiny_world() -> None:
         ("rollout.scheme=beam", "allowed values: chain, dapo, trace, tree_random or a package.module:attribute path"),
         ("optim.lr=fast", 'field "optim.lr"'),
         ("rollout.engine.max_turns=0", "rollout.engine.max_turns must be >= 1"),
-        ("data.world.max_hops=7", "data.world.max_hops must be <= 4"),
+        ("data.world.max_hops=7", "data.world.max_hops must be <= 5"),
         ("optim.lr=-1", "optim.lr must be > 0"),
     ],
 )
@@ -69,7 +69,7 @@ def test_trace_budget_below_its_group_floor_fails_at_load_time() -> None:
 
 
 def test_unknown_preset_lists_the_valid_ones() -> None:
-    with pytest.raises(ConfigError, match="valid presets: grpo, dapo, gigpo"):
+    with pytest.raises(ConfigError, match=r"unknown preset 'ppo'; valid presets: grpo, grpo_\{4x16,twohop\}, dapo, gigpo"):
         resolve_config("ppo")
 
 

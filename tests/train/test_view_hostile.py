@@ -18,11 +18,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tracerl.atomic import open_temp
 from tracerl.cli import app
 from tracerl.runs.rollout_log import RolloutLog, RolloutRecordError, read_step, step_file
 from tracerl.view.site import ViewError, render_run
 from tracerl.view.records import parse_tree
 
+from helpers_temps import dead_writer_temps
 from view_fixtures import write_run
 
 INJECT = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
@@ -172,11 +174,13 @@ def test_temporaries_of_a_killed_view_are_removed(tmp_path: Path) -> None:
     write_run(tmp_path, steps=1)
     view = tmp_path / "view"
     view.mkdir()
-    dead, live = _dead_pid(), os.getppid()  # our parent lives: its temporary may still be written
-    for name in (f".index.html.tmp-{dead}", f".step-000001.html.tmp-{dead}", f".index.html.tmp-{live}"):
-        (view / name).write_text("<html>half a page")
+    dead_writer_temps(view, files=["index.html", "step-000001.html"])
+    live, fd = open_temp(view / "index.html")  # this process lives: its temporary may still be written
+    os.close(fd)
+    mine = f".index.html.tmp-{_dead_pid()}"  # a user's name pattern, never tracerl's to remove
+    (view / mine).write_text("my notes")
     render_run(tmp_path)
-    assert sorted(p.name for p in view.iterdir()) == [f".index.html.tmp-{live}", "index.html", "step-000001.html"]
+    assert sorted(p.name for p in view.iterdir()) == sorted([live.name, mine, "index.html", "step-000001.html"])
 
 
 KILL_AT_RENAME = """
@@ -193,7 +197,7 @@ def test_a_view_killed_mid_write_leaves_a_temporary_the_next_view_removes(tmp_pa
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert killed.returncode == -9
     (left,) = [p.name for p in (tmp_path / "view").iterdir()]
-    assert left.startswith(".step-000001.html.tmp-")  # the page itself was never half written
+    assert left.startswith(".step-000001.html.tracerl-tmp-")  # the page itself was never half written
     render_run(tmp_path)
     assert sorted(p.name for p in (tmp_path / "view").iterdir()) == ["index.html", "step-000001.html",
                                                                     "step-000002.html"]
@@ -224,7 +228,7 @@ def _linked_rollouts(tmp_path: Path) -> tuple[Path, Path]:
     """A run folder whose ``rollouts/`` links to another run's records (steps 1-2, a stale temporary)."""
     write_run(tmp_path / "other", steps=2)
     target = tmp_path / "other" / "rollouts"
-    (target / ".step-000003.jsonl.gz.tmp-1").write_bytes(b"")
+    dead_writer_temps(target, files=["step-000003.jsonl.gz"])
     run = tmp_path / "run"
     run.mkdir()
     (run / "rollouts").symlink_to(target)
@@ -235,8 +239,8 @@ def test_resume_never_deletes_through_a_rollouts_link(tmp_path: Path) -> None:
     run, target = _linked_rollouts(tmp_path)
     with pytest.raises(RolloutRecordError, match="rollouts is a symbolic link"):
         RolloutLog(run, {})  # the trainer's constructor: would clear temporaries, then truncate
-    assert sorted(p.name for p in target.iterdir()) == [".step-000003.jsonl.gz.tmp-1", "step-000001.jsonl.gz",
-                                                        "step-000002.jsonl.gz"]
+    assert sorted(p.name for p in target.iterdir() if ".tracerl-tmp-" not in p.name) == [
+        "step-000001.jsonl.gz", "step-000002.jsonl.gz"] and len(list(target.iterdir())) == 3
     log = RolloutLog(tmp_path / "other", {})  # its own folder: its stale temporary goes
     target.rename(tmp_path / "moved")  # the folder swapped for a link while the run holds the log
     target.symlink_to(tmp_path / "moved")

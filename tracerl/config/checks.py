@@ -11,10 +11,13 @@ import dataclasses
 import importlib.util
 import json
 import math
+import netrc
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 
@@ -150,6 +153,41 @@ def check_extra(field: str, enabled: bool, module: str, extra: str) -> None:
     if enabled and importlib.util.find_spec(module) is None:
         raise ConfigError(f"{field} = true needs the {module} package: pip install -e '.[{extra}]' "
                           f"(or set {field}=false)")
+
+
+WANDB_LOCAL_MODES = ("offline", "disabled", "dryrun")
+"""``WANDB_MODE`` values under which W&B needs no key (it logs locally or not at all)."""
+WANDB_HOST = "https://api.wandb.ai"
+"""W&B's default server (``WANDB_BASE_URL`` replaces it): the host ``wandb login`` writes to ~/.netrc."""
+
+
+def wandb_login_problem(environ: Mapping[str, str], home: Path) -> str | None:
+    """Why W&B could not log in from here (one line naming both ways on), or None when it can:
+    ``WANDB_MODE`` offline/disabled, ``WANDB_API_KEY`` set, or a ``~/.netrc`` (``$NETRC``) entry
+    for the W&B host, which is what ``wandb login`` writes. Reads files only; imports nothing."""
+    if environ.get("WANDB_MODE", "").strip().lower() in WANDB_LOCAL_MODES:
+        return None
+    if environ.get("WANDB_API_KEY", "").strip() or environ.get("WANDB_IDENTITY_TOKEN_FILE", "").strip():
+        return None
+    host = urlparse(environ.get("WANDB_BASE_URL", "").strip() or WANDB_HOST).hostname or ""
+    try:
+        entry = netrc.netrc(str(Path(environ.get("NETRC", "").strip() or home / ".netrc"))).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        entry = None
+    if entry is not None and entry[2]:
+        return None
+    return ("log.wandb = true but no W&B API key is set (WANDB_API_KEY, or ~/.netrc from `wandb login`): run "
+            "`wandb login`, or set WANDB_MODE=offline to log locally (`wandb sync` later), or log.wandb=false")
+
+
+def check_wandb(config: Any) -> None:
+    """``log.wandb = true``: W&B must be able to log in (checked before the run folder is touched;
+    without the package installed the config already failed in :func:`check_extra`)."""
+    if not config.log.wandb or importlib.util.find_spec("wandb") is None:
+        return
+    problem = wandb_login_problem(os.environ, Path.home())
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def check_budget(scheme: str, budget: int, pool_size: int, schemes: Any) -> None:

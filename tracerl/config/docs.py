@@ -32,8 +32,8 @@ EXTRA_DOCS: dict[str, str] = {
     "data.first_fact_seed": "Fact seed of the first SynthWiki training world (the others follow it).",
     **{f"data.world.num_{kind}": f"Entities of this kind in a SynthWiki world ({kind})."
        for kind in ("people", "cities", "countries", "books", "bands", "companies")},
-    "data.world.min_hops": "Shortest question chain (lookups a question needs), 1..4.",
-    "data.world.max_hops": "Longest question chain, 1..4.",
+    "data.world.min_hops": "Shortest question chain (lookups a question needs), 1..5.",
+    "data.world.max_hops": "Longest question chain, 1..5.",
     "data.world.num_train": "Training-split questions per world.",
     "data.world.num_test": "Test-split questions per world (the held-out world's are evaluated).",
     "model.lora": "LoRA adapter settings (``model.lora.r > 0`` switches it on).",

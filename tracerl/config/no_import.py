@@ -34,7 +34,9 @@ def unresolved_data(preset: str, *, config_file: str | Path | None = None, overr
     from tracerl.config.schema import TrainConfig  # the defaults: built-in code only
 
     if preset not in PRESETS:
-        raise ConfigError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+        from tracerl.config.preset_help import unknown_preset  # did-you-mean and every name
+
+        raise ConfigError(unknown_preset(preset))
     data: dict[str, Any] = merge(to_dict(TrainConfig()), {"preset": preset, **PRESETS[preset]})
     overlay = smoke_overlay(smoke)
     if overlay is not None:

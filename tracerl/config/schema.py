@@ -96,8 +96,16 @@ class DataConfig:
     """Terminal reward: ``em`` (normalised exact match), ``f1``, ``answered`` (format reward) or the
     import path of a function ``(answer: str, task: Task) -> float``, e.g. ``my_pkg.rewards:judge``."""
     environment: str = "search"
-    """Environment factory: ``search`` (bm25s ``search``/``open``) or the import path of a function
+    """Environment factory: ``search`` (bm25s ``search``/``open``), ``http_search`` (the same tools over
+    a retrieval server at ``data.retriever_url``) or the import path of a function
     ``(documents, EnvSettings) -> ToolEnvironment`` (see tracerl/envs/environments.py)."""
+    retriever_url: str = ""
+    """``http_search``: the retrieval server, ``http://HOST:PORT`` (or its ``/retrieve`` URL): ``tracerl
+    serve-retriever`` or Search-R1's retrieval server. ``data.corpus`` is then optional (the server holds
+    the corpus; a given one is read for the tokenizer checks only). See docs/tools-over-the-network.md."""
+    retriever_retries: int = 3
+    """``http_search``: retries (exponential backoff from 0.1 s) of a refused, timed-out, 5xx or malformed
+    answer before the call counts as an infrastructure failure."""
     tools: list[str] | str = field(default_factory=list)
     """Extra tools, as import paths of typed functions (``my_pkg.tools:calculator``): name, docstring
     and type hints become the tool's schema; they are added to the environment's tools. A single
@@ -156,8 +164,9 @@ class DataConfig:
         ignored = synthwiki_ignores_paths(self.source, {k: getattr(self, k) for k in DATA_PATHS})
         if ignored:
             raise ConfigError(ignored)
+        _check_retriever(self)
         if self.source == "files":
-            if not (self.tasks and self.corpus):
+            if not (self.tasks and (self.corpus or self.environment == "http_search")):
                 raise ConfigError("data.source = 'files' needs data.tasks and data.corpus")
             for name in ("tasks", "corpus", "eval_tasks"):
                 path = getattr(self, name)
@@ -165,6 +174,25 @@ class DataConfig:
                     raise ConfigError(f"data.{name} = {path!r}: no such file")
                 if path and Path(path).suffix == ".parquet" and not parquet_available():
                     raise ConfigError(f"data.{name} = {path!r}: {PARQUET_MISSING}")
+
+
+def _check_retriever(data: DataConfig) -> None:
+    """``data.retriever_url`` goes with ``http_search`` (and it with ``files`` data: one server, one corpus)."""
+    if data.environment != "http_search":
+        if data.retriever_url:
+            raise ConfigError(f"data.retriever_url = {data.retriever_url!r} is read only by data.environment = "
+                              f"'http_search' (data.environment = {data.environment!r})")
+        return
+    from tracerl.envs.http_search import check_url  # httpx: imported only for this environment
+
+    why = check_url(data.retriever_url) if data.retriever_url else "is required by data.environment = 'http_search'"
+    if why:
+        raise ConfigError(f"data.retriever_url = {data.retriever_url!r}: {why}")
+    if data.source != "files":
+        raise ConfigError("data.environment = 'http_search' serves the one corpus of its server: set data.source=files "
+                          "and data.tasks (SynthWiki draws a corpus per world)")
+    if data.retriever_retries < 0:
+        raise ConfigError(f"data.retriever_retries must be >= 0, got {data.retriever_retries}")
 
 
 def _check_train_hops(data: DataConfig) -> None:
@@ -239,6 +267,11 @@ class ModelConfig:
     """Working precision of the forwards (generation, scoring, update): ``float32``, ``bfloat16``
     (autocast; CPU or CUDA) or ``float16`` (autocast with loss scaling; CUDA only). Weights and
     optimiser state stay float32 master copies whatever this says."""
+    generation_dtype: str = "auto"
+    """Precision of the ``hf`` backend's generation: ``auto`` samples from the trainer's own model at
+    ``model.dtype`` (autocast when bf16/fp16); ``bfloat16`` from a bf16 copy of the policy, refreshed at
+    every weight sync, with no autocast and a bf16 KV cache (more weight memory; the sampler then
+    differs from the trainer, so ``optim.recompute_old_logprobs = 'auto'`` recomputes the old log-probs)."""
     device: str = "cpu"
     """``cpu``, ``cuda`` or ``cuda:N``."""
     threads: int = 0
@@ -270,6 +303,10 @@ class ModelConfig:
         if self.backend == "vllm" and not vllm_available():
             raise ConfigError(VLLM_MISSING)
         _one_of("model", "dtype", self.dtype, ["float32", "bfloat16", "float16"])
+        _one_of("model", "generation_dtype", self.generation_dtype, ["auto", "bfloat16"])
+        if self.generation_dtype != "auto" and self.backend != "hf":
+            raise ConfigError(f"model.generation_dtype = {self.generation_dtype!r} needs model.backend = 'hf' "
+                              f"(got {self.backend!r}: that engine sets its own precision)")
         if self.threads < 0:
             raise ConfigError(f"model.threads must be >= 0 (0: $TRACERL_THREADS or all available cores), got {self.threads}")
         if self.dtype == "float16" and not self.device.startswith("cuda"):
@@ -345,7 +382,7 @@ class AlgoConfig:
     engine built from the initial policy and never synced; it takes
     ``model.vllm_gpu_memory_utilization``). Measured: within 1e-6 of ``hf`` in float32 on CPU.
     Not with a LoRA adapter (the reference is the adapter-disabled base) nor with
-    ``model.backend = 'vllm'`` (two in-process engines; see the README). The KL term, when on,
+    ``model.backend = 'vllm'`` (two in-process engines; see docs/gpu.md). The KL term, when on,
     still uses the HF copy."""
     advantage: AdvantageOptions = field(default_factory=AdvantageOptions)
     policy_loss: str = "ppo"
@@ -409,7 +446,7 @@ class OptimConfig:
     recompute_old_logprobs: str = "auto"
     """Importance-sampling guard: recompute the old log-probs with the training model before the
     update (``always``), never (``never``: trust the sampler's), or when the sampler is another
-    engine (``auto``: when ``model.backend != 'hf'``). When recomputed, the per-step
+    engine (``auto``: when ``model.backend != 'hf'`` or ``model.generation_dtype != 'auto'``). When recomputed, the per-step
     ``logprob_mismatch_mean_abs``/``_max`` between sampler and trainer log-probs are logged."""
     tree_packing: str = "auto"
     """Train each tree once: a micro-batch's leaves are packed as a token trie with a tree attention
@@ -419,6 +456,11 @@ class OptimConfig:
     when the attention implementation ignores custom 4D masks (flash-attention, flex); ``always``
     (an attention without 4D masks is then an error); ``never``. Packed, micro-batches are cut
     from leaves sorted by token ids instead of by length."""
+    packed_attention: str = "dense"
+    """Attention of the tree-packed forward: ``dense`` (a [P, P] float tree mask through the model's sdpa or
+    eager attention; every device) or ``flex`` (``torch.nn.attention.flex_attention`` with a block mask of the
+    rule ``k <= q < end[k]``: masked tiles skipped, no P x P tensor, no quadratic row cap; CUDA only, as
+    torch has no FlexAttention backward on CPU)."""
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
     """Warn (or stop: ``optim.divergence.mode=stop``) when training collapses with finite weights:
     loss, gradient norm or KL jumping by orders of magnitude, sampled entropy rising to uniform,
@@ -429,6 +471,7 @@ class OptimConfig:
         _one_of("optim", "loss_agg", self.loss_agg, available_aggregations())
         _one_of("optim", "recompute_old_logprobs", self.recompute_old_logprobs, ["auto", "always", "never"])
         _one_of("optim", "tree_packing", self.tree_packing, ["auto", "always", "never"])
+        _one_of("optim", "packed_attention", self.packed_attention, ["dense", "flex"])
         check_finite("optim", self)
         _positive("optim", lr=self.lr, grad_clip=self.grad_clip, micro_batch_size=self.micro_batch_size,
                   updates_per_step=self.updates_per_step, max_nonfinite_steps=self.max_nonfinite_steps)
@@ -516,6 +559,9 @@ class TrainConfig:
         check_finite("", self)  # every section, the predictor and algo.advantage included
         check_trace_options(self)  # cross-field checks of the TRACE options (config/trace_checks.py)
         check_weight_sync(self)  # cuda_ipc / nccl weight sync only on CUDA
+        if self.optim.packed_attention == "flex" and not self.model.device.startswith("cuda"):
+            raise ConfigError(f"optim.packed_attention = 'flex' needs model.device = 'cuda' (got {self.model.device!r}): "
+                              "torch has no FlexAttention backward on CPU; use optim.packed_attention = 'dense'")
         if self.predictor.features != "handcrafted" and self.model.backend != "hf":
             raise ConfigError(f"predictor.features = {self.predictor.features!r} needs model.backend = 'hf': the "
                               f"policy's hidden states come from the HF generation forward (model.backend = "
@@ -544,7 +590,9 @@ def resolve_config(
     ``smoke``: True or ``"pretrained"`` (``--smoke``: the smoke-pretrained tiny model), ``"random"``
     (``--smoke-random``: a random tiny model whose vocabulary fits custom tools and formats)."""
     if preset not in PRESETS:
-        raise ConfigError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+        from tracerl.config.preset_help import unknown_preset  # did-you-mean and every name
+
+        raise ConfigError(unknown_preset(preset))
     # Start from the full defaults, so a partial override of a nested section (say
     # data.world.max_hops) keeps the section's other defaults instead of its class defaults.
     data: dict[str, Any] = merge(to_dict(TrainConfig()), {"preset": preset, **PRESETS[preset]})

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 MAX_NODES = 100_000
@@ -36,15 +37,29 @@ class BoundedSafeLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._sizes: dict[int, int] = {}
         self._depth = 0
+        self._open: set[str] = set()
+        """Anchors of the nodes being composed now (an alias to one of them is a cycle)."""
 
     def compose_node(self, parent: Node | None, index: Any) -> Node:
         self._depth += 1
         if self._depth > self.max_depth:
             raise YamlBombError(f"nested deeper than {self.max_depth} levels")
+        event = self.peek_event()
+        anchor: str | None = getattr(event, "anchor", None)
+        if isinstance(event, AliasEvent) and anchor in self._open:
+            # ``a: &o {self: *o}``: the node would contain itself, and every walk over it would recurse
+            # forever (a RecursionError hundreds of lines long).
+            raise YamlBombError(f"uses the anchor &{anchor} inside itself at line {event.start_mark.line + 1} "
+                                "(a recursive alias)")
+        opened = anchor if anchor is not None and not isinstance(event, AliasEvent) else None
+        if opened is not None:
+            self._open.add(opened)
         try:
             node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
+            if opened is not None:
+                self._open.discard(opened)
         if self._size(node) > self.max_nodes:
             raise YamlBombError(f"expands to more than {self.max_nodes} nodes (an alias bomb?)")
         return node

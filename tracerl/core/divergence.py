@@ -45,3 +45,25 @@ def collapsed_to_zero(history: Sequence[float], patience: int, min_level: float)
         return False
     before, last = history[:-patience], history[-patience:]
     return all(v <= 0 for v in last) and statistics.fmean(before) >= min_level
+
+
+def blow_up_onset(series: Sequence[float], factor: float, patience: int, warmup: int, window: int) -> int | None:
+    """Index in ``series`` where a blow-up began, when the last ``patience`` values all reached
+    ``factor`` times the median of the up to ``window`` values before that streak; else None.
+
+    Made for the generated tokens per rollout: a policy that starts padding its turns with junk
+    (tokens that do not change the parsed action, so no reward tells against them) grows its
+    generations by an order of magnitude in a few steps, long before the reward falls to 0 or
+    the valid-action rate does. The streak must last ``patience`` steps (one long step is noise)
+    and the baseline needs ``warmup`` values; the median ignores single long steps in it.
+    """
+    if patience < 1 or factor <= 1 or len(series) < warmup + patience:
+        return None
+    onset = len(series) - patience
+    before = series[max(0, onset - window):onset]
+    if len(before) < warmup:
+        return None
+    level = factor * statistics.median(before)
+    if level <= 0 or not all(math.isfinite(v) and v >= level for v in series[onset:]):
+        return None
+    return onset

@@ -67,17 +67,19 @@ def without_nproc(argv: list[str]) -> list[str]:
 
 
 def check_launch(preset: str | None, config_file: str | None, overrides: list[str], smoke: bool | str,
-                 resume: str | None, out: str | None, nproc: int, *, trust_code: bool = False) -> None:
+                 resume: str | None, out: str | None, nproc: int, *, trust_code: bool = False,
+                 overwrite: bool = False) -> None:
     """What would fail on every rank, checked once before torchrun starts them (one line, exit 1)."""
     from tracerl.runs.checkpoint import latest_checkpoint
     from tracerl.train.preflight import checked_config
     from tracerl.config.dist import check_dist
     from tracerl.runs.sharded import DCP_FOLDER, CheckpointStateError
     from tracerl.runs.folder import refuse_if_state
-    from tracerl.train.run import run_folder_config
+    from tracerl.train.run import resumed_config
 
-    if resume:
-        config = run_folder_config(Path(resume), trust_code=trust_code)
+    if resume:  # --set/--config/PRESET may change only what a resume may change (config/resume_rule.py)
+        config, _ = resumed_config(Path(resume), preset=preset, config_file=config_file, overrides=overrides,
+                                   trust_code=trust_code)
         config.dist.nproc = nproc
         check_dist(config)
         folder = latest_checkpoint(Path(resume))
@@ -86,4 +88,5 @@ def check_launch(preset: str | None, config_file: str | None, overrides: list[st
                                        "optimiser); resume it with --nproc 1")
         return
     checked_config(preset or "", config_file=config_file, overrides=overrides, smoke=smoke)
-    refuse_if_state(Path(out or "."))
+    if not overwrite:  # --overwrite: rank 0 removes the previous run once torchrun has started it
+        refuse_if_state(Path(out or "."))

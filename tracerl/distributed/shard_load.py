@@ -133,6 +133,9 @@ def _meta_model(folder: Path) -> Any:
     """``folder``'s causal LM built on the meta device: float32, no storage."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from tracerl.models.size_guard import check_model_folder
+
+    check_model_folder(folder)  # 200,000 layers would take minutes even on the meta device
     config = AutoConfig.from_pretrained(str(folder))
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)

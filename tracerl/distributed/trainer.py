@@ -256,11 +256,12 @@ def serve(config: TrainConfig) -> None:
 def serve_rank(preset: str | None, config_file: str | None, overrides: list[str], smoke: bool | str,
                resume: str | None, nproc: int | None, *, trust_code: bool = False) -> None:
     """A rank > 0: the same config rank 0 resolves (for the process group's settings), then serve."""
-    from tracerl.train.run import run_folder_config
+    from tracerl.train.run import resumed_config
 
     config: TrainConfig
-    if resume:
-        config = run_folder_config(Path(resume), trust_code=trust_code)
+    if resume:  # rank 0's rule (config/resume_rule.py), so every rank holds the same config
+        config, _ = resumed_config(Path(resume), preset=preset, config_file=config_file, overrides=overrides,
+                                   trust_code=trust_code)
         if nproc is not None:
             config.dist.nproc = nproc
     else:

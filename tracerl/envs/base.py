@@ -8,8 +8,14 @@ Who is at fault decides the flags: a malformed or wrong call is the policy's fau
 (``error=True``, the episode goes on and the turn counts); an exception or timeout inside a
 tool is the environment's (``infra_failed=True``, the episode ends and the trajectory is left
 out of group statistics and the loss, spec section 2 step 6). A tool calling ``sys.exit`` is
-such a failure too; ``KeyboardInterrupt`` propagates (see envs/tools.py). Every call that
+such a failure too, and so is any other ``BaseException`` subclass a tool raises;
+``KeyboardInterrupt`` propagates (see envs/tools.py). Every call that
 reaches a tool is counted, per tool, in the environment's :class:`ToolStats` for the run's tool health.
+
+What cannot be caught in-process: ``os._exit`` (or a crash of native code) in an *in-process* tool
+ends the trainer, as it would any Python program. In-process tools are trusted code (the built-in
+bm25s ``search``/``open``); a plug-in tool runs isolated by default (``data.isolate_tools``), where
+``os._exit`` only ends its worker process and the call is an infrastructure failure.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Protocol
 
 from tracerl.core.types import Action, Task
 from tracerl.envs.health import ToolStats
+from tracerl.envs.tool_errors import bounded_message
 from tracerl.envs.tools import CHARS_PER_TOKEN, ToolCallError, ToolFailure, ToolSet, truncate_words
 
 
@@ -150,25 +157,44 @@ class ToolEpisode:
         elif action.kind == "invalid":
             obs = self._policy_error(action.error or "invalid action")
         else:
-            try:
-                text = truncate_words(self._run(action), self.config.max_observation_tokens)
-                obs = Observation(text, done=self._out_of_turns(), error=False)
-                self.stats.record(action.name)
-            except ToolCallError as exc:  # rejected before the tool ran: not a tool call
-                obs = self._policy_error(str(exc))
-            except ToolFailure as exc:
-                self.infra_failed = True
-                self.stats.record(action.name, failure=str(exc))
-                obs = Observation(str(exc), done=True, error=True, infra_failed=True)
+            obs = self._call(action)
         self.done = obs.done
         self.history.append((action, obs))
         return obs
+
+    def _call(self, action: Action) -> Observation:
+        """One tool call's observation: its text, the policy's error, or an infrastructure failure."""
+        try:
+            text = truncate_words(self._run(action), self.config.max_observation_tokens)
+        except ToolCallError as exc:  # rejected before the tool ran: not a tool call
+            return self._policy_error(str(exc))
+        except ToolFailure as exc:
+            return self._infra_failure(action.name, str(exc))
+        except KeyboardInterrupt:  # the user's Ctrl-C
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a tool's own BaseException subclass is its failure
+            return self._infra_failure(action.name, f"tool {action.name} raised {type(exc).__name__}: "
+                                                    f"{bounded_message(_message(exc))}")
+        self.stats.record(action.name)
+        return Observation(text, done=self._out_of_turns(), error=False)
+
+    def _infra_failure(self, name: str, why: str) -> Observation:
+        self.infra_failed = True
+        self.stats.record(name, failure=why)
+        return Observation(why, done=True, error=True, infra_failed=True)
 
     def _out_of_turns(self) -> bool:
         return self.turns_taken >= self.config.max_turns
 
     def _policy_error(self, why: str) -> Observation:
         return Observation(why, done=self._out_of_turns(), error=True, valid_actions=self._valid_actions())
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - a hostile __str__
+        return "<message cannot be printed>"
 
 
 class ToolEnvironment:

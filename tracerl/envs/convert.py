@@ -98,13 +98,9 @@ def raw_rows(path: Path) -> Iterator[tuple[str, Any]]:
     if path.suffix == ".parquet":
         if not parquet_available():
             raise UserError(f"{path}: {PARQUET_MISSING}")
-        import pyarrow.parquet as pq  # optional extra
+        from tracerl.envs.parquet_bounds import parquet_rows  # optional extra: sizes bounded from the metadata
 
-        try:
-            rows = pq.read_table(path).to_pylist()
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{path}: not a readable parquet file ({exc})") from None
-        yield from ((f"{path}[{i}]", row) for i, row in enumerate(rows))
+        yield from parquet_rows(path, MAX_RAW_LINE)
         return
     with open_regular(path) as handle:
         head = handle.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
@@ -353,14 +349,14 @@ def _write_outputs(out: Path, splits: dict[str, list[Task]], documents: list[Doc
     if documents:
         records["corpus.jsonl"] = ({"id": d.id, "title": d.title, "text": d.text} for d in documents)
     out.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out, records)
+    remove_stale_temps(out)
     temps = {}
     try:
         for name, rows in records.items():
             temps[name] = write_temp_lines(out / name, rows)
         publish(out, temps)
     except BaseException:
-        remove_temps(out, records)
+        remove_temps(tmp for tmp, _ in temps.values())
         raise
     return {name.removesuffix(".jsonl"): out / name for name in records}
 

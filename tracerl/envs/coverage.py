@@ -110,6 +110,27 @@ def check_tokenizer_coverage(tokenizer: Any, tasks: Sequence[Task], documents: S
     return report
 
 
+TINY_WORLD_HINT = ("it knows the names of its own SynthWiki worlds only: build one with `tracerl world build "
+                   "--seed 7 --out world` (--size tiny, the default)")
+"""What the embedded ``tiny`` model can read (``tracerl world build --size full`` makes worlds it cannot)."""
+
+
+def check_eval_coverage(tokenizer: Any, tasks: Sequence[Task], documents: Sequence[Document], *, who: str,
+                        tasks_path: str, tiny: bool = False, sample: int = 100) -> CoverageReport:
+    """``tracerl eval``'s guard, the one training runs (:func:`tokenizer_coverage`): refuse tasks
+    whose gold answers the model's tokenizer cannot encode, since every one of them scores 0 whatever
+    the model does. ``who``: the model as the user named it (``--model tiny``); ``tiny``: it is the
+    embedded word-level model (the refusal says which worlds it reads)."""
+    report = tokenizer_coverage(tokenizer, tasks, documents, sample=sample, seed=0)
+    if report.unencodable:
+        shown = ", ".join(f"{tid!r}: {ans!r}" for tid, ans in report.unencodable[:2])
+        fix = (TINY_WORLD_HINT + ", or give --model a checkpoint whose tokenizer covers this data"
+               if tiny else "evaluate a model whose tokenizer covers this data (a byte-level BPE model)")
+        raise UserError(f"{who} cannot encode {len(report.unencodable)} of {report.sampled_answers} sampled gold "
+                        f"answers of {tasks_path} (e.g. {shown}), so they score 0 whatever it answers; {fix}")
+    return report
+
+
 # --- tools and the format's markup ---------------------------------------------------------------
 
 BUILTIN_TOOLS = ("search", "open")

@@ -57,7 +57,7 @@ def _records(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple
     file nor line).
     """
     if path.suffix == ".parquet":
-        yield from _parquet_records(path)
+        yield from _parquet_records(path, max_line_bytes)
         return
     if path.suffix == ".json":
         yield from _json_list_records(path)
@@ -102,18 +102,15 @@ def _json_list_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         yield f"{path}[{index}]", record
 
 
-def _parquet_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Rows of a parquet file as plain Python objects (pyarrow: the optional ``datasets`` extra)."""
+def _parquet_records(path: Path, max_row_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Rows of a parquet file as plain Python objects (pyarrow: the optional ``datasets`` extra),
+    each within ``max_row_bytes`` as a JSONL line is, checked from the metadata first
+    (:mod:`tracerl.envs.parquet_bounds`)."""
     if not parquet_available():
         raise UserError(f"{path}: {PARQUET_MISSING}")
-    import pyarrow.parquet as pq  # optional extra: imported only for a .parquet file
+    from tracerl.envs.parquet_bounds import parquet_rows  # imports pyarrow: only for a .parquet file
 
-    try:
-        rows = pq.read_table(path).to_pylist()
-    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-        raise UserError(f"{path}: not a readable parquet file ({exc})") from None
-    for index, record in enumerate(rows):
-        yield f"{path}[{index}]", record
+    yield from parquet_rows(path, max_row_bytes, "data.max_line_bytes")
 
 
 def _position(where: str) -> str:
@@ -141,7 +138,19 @@ def _field(record: dict[str, Any], name: str, kind: type, where: str, required: 
     if kind is list:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise UserError(f"{where}: field {name!r} must be a list of strings")
+    for text in (value if kind is list else [value] if kind is str else []):
+        _utf8_text(text, name, where)
     return value
+
+
+def _utf8_text(text: str, name: str, where: str) -> None:
+    """Refuse a lone surrogate (JSON's ``"\\ud800"`` decodes to one): it is no character, and the
+    tokenizer, the search index and every UTF-8 writer fail on it deep inside, naming no file."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise UserError(f"{where}: field {name!r} holds a lone surrogate (U+{ord(text[err.start]):04X} at "
+                        f"character {err.start}), which is not text; fix or drop the record") from None
 
 
 RAW_FORMATS = {"musique": ("paragraphs", "question_decomposition"), "hotpotqa": ("context", "supporting_facts"),
@@ -255,10 +264,10 @@ def task_record(task: Task) -> dict[str, Any]:
 
 
 def _write_lines(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    from tracerl.atomic import write_atomic_lines  # every output file whole or not at all
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="\n") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    write_atomic_lines(path, (json.dumps(record, ensure_ascii=False) + "\n" for record in records))
 
 
 def write_tasks(tasks: Iterable[Task], path: str | Path) -> None:

@@ -6,7 +6,8 @@ An environment factory builds the :class:`ToolEnvironment` of one corpus::
 
 ``settings`` carries what training, evaluation and env-check share: the search depth and the
 episode limits (:class:`~tracerl.envs.base.EnvConfig`, derived from the engine's config). The
-built-in ``search`` factory is bm25s ``search``/``open`` (:func:`tracerl.envs.search.search_environment`).
+built-in ``search`` factory is bm25s ``search``/``open`` (:func:`tracerl.envs.search.search_environment`);
+``http_search`` is the same two tools over a retrieval server (:mod:`tracerl.envs.http_search`).
 ``data.environment`` names a registered factory or ``package.module:factory``.
 
 ``data.tools`` adds typed Python functions (``package.module:function``, see
@@ -25,6 +26,7 @@ from typing import Any
 from tracerl.core.registry import Registry, RegistryError, resolve_import_path
 from tracerl.envs.base import EnvConfig, ToolEnvironment
 from tracerl.envs.plugins import SignedRegistry
+from tracerl.envs.tool_errors import bounded_message
 from tracerl.envs.tools import Tool, ToolSet, check_importable
 
 
@@ -36,6 +38,10 @@ class EnvSettings:
     """Documents one search returns."""
     config: EnvConfig = EnvConfig()
     """Episode limits and the tool timeout (one definition shared by every path)."""
+    retriever_url: str = ""
+    """``http_search``: the retrieval server's URL (``data.retriever_url``)."""
+    retriever_retries: int = 3
+    """``http_search``: retries of a failed request before the call is an infrastructure failure."""
 
 
 EnvironmentFactory = Callable[[Any, EnvSettings], ToolEnvironment]
@@ -49,6 +55,15 @@ def search(documents: Any, settings: EnvSettings) -> ToolEnvironment:
     from tracerl.envs.search import search_environment  # bm25s: imported only when used
 
     return search_environment(documents, settings.top_k, settings.config, settings.config.tool_timeout_s)
+
+
+@ENVIRONMENTS.register("http_search")
+def http_search(documents: Any, settings: EnvSettings) -> ToolEnvironment:
+    """``search``/``open`` over a retrieval server at ``settings.retriever_url`` (Search-R1's ``/retrieve``
+    API; ``tracerl serve-retriever`` serves one). ``documents`` is not read: the server holds the corpus."""
+    from tracerl.envs.http_search import http_search_environment  # httpx: imported only when used
+
+    return http_search_environment(settings.retriever_url, settings.top_k, settings.config, settings.retriever_retries)
 
 
 def load_tool(path: str, isolate: bool = True) -> Tool:
@@ -81,7 +96,13 @@ def build_environment(name: str, documents: Any, settings: EnvSettings,
     uses is an error naming both (the policy could not tell them apart).
     """
     factory = ENVIRONMENTS.get(name)
-    env = factory(documents, settings)
+    try:
+        env = factory(documents, settings)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # noqa: BLE001 - a plug-in factory fails in any way (sys.exit too): one line
+        raise RegistryError(f"data.environment {name!r} raised {type(err).__name__} while building the "
+                            f"environment: {bounded_message(' '.join(str(err).split()), 300)}") from None
     if not isinstance(env, ToolEnvironment):
         raise RegistryError(f"environment {name!r} returned a {type(env).__name__}, not a ToolEnvironment")
     extra = [load_tool(t, isolate) if isinstance(t, str) else t for t in tools]

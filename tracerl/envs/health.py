@@ -12,13 +12,18 @@ so a resumed run stops at the same step as an uninterrupted one.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 from tracerl.errors import UserError
 
 
+_COUNTING = threading.Lock()  # episodes of one environment step concurrently (rollout/tool_calls.py)
+
+
 class ToolHealthError(UserError):
-    """One tool failed every call in several consecutive steps; the run stops (checkpoints intact)."""
+    """One tool failed every call in several consecutive steps; the run stops (train/run.py's
+    :func:`~tracerl.train.run.truthful_stop` adds which checkpoint a resume continues from)."""
 
 
 @dataclass
@@ -46,16 +51,18 @@ class ToolStats:
 
     def record(self, tool: str, failure: str | None = None) -> None:
         """Count one call of ``tool``; ``failure`` is its message when it was an infrastructure failure."""
-        counts = self.per_tool.setdefault(tool, [0, 0])
-        counts[0] += 1
-        if failure is not None:
-            counts[1] += 1
-            self.last_failure[tool] = failure
+        with _COUNTING:
+            counts = self.per_tool.setdefault(tool, [0, 0])
+            counts[0] += 1
+            if failure is not None:
+                counts[1] += 1
+                self.last_failure[tool] = failure
 
     def take(self) -> ToolStats:
         """The counts so far, resetting them (call once per training step)."""
-        out = ToolStats(self.per_tool, self.last_failure)
-        self.per_tool, self.last_failure = {}, {}
+        with _COUNTING:
+            out = ToolStats(self.per_tool, self.last_failure)
+            self.per_tool, self.last_failure = {}, {}
         return out
 
     def __add__(self, other: ToolStats) -> ToolStats:
@@ -99,7 +106,7 @@ class ToolHealth:
                 raise ToolHealthError(
                     f"tool {name!r} failed every call in {streak} consecutive steps ({failures} of {calls} in the "
                     f"last{last}); fix the tool or its backend (limit: data.max_failed_tool_steps = "
-                    f"{self.max_failed_steps}); the last checkpoint is intact")
+                    f"{self.max_failed_steps})")  # the trainer adds where a resume continues from
 
     def state_dict(self) -> dict[str, int]:
         """The per-tool streaks (what a checkpoint keeps)."""

@@ -23,26 +23,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tracerl.atomic import fsync_dir, open_temp, write_atomic
+from tracerl.atomic import remove_stale_temps as _remove_stale_temps
 from tracerl.envs.bounded import MiB, TooLarge, open_regular, read_limited
 from tracerl.errors import UserError
 
 MANIFEST = "convert_manifest.json"
 _KIND = "tracerl data convert"
-
-
-def temp_path(path: Path) -> Path:
-    """The temporary sibling ``.NAME.tmp-PID`` under which ``path`` is written before ``os.replace``
-    (one naming for data files and run folders, so stale temporaries are found the same way)."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a rename or a new file inside ``folder`` durable (POSIX: the entry lives in the folder)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_temp_lines(path: Path, records: Iterable[dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
@@ -52,9 +39,9 @@ def write_temp_lines(path: Path, records: Iterable[dict[str, Any]]) -> tuple[Pat
     a failure (a full disk) removes the temporary and leaves ``path`` as it was.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp, digest, count, size = temp_path(path), hashlib.sha256(), 0, 0
+    (tmp, fd), digest, count, size = open_temp(path), hashlib.sha256(), 0, 0
     try:
-        with open(tmp, "wb") as handle:
+        with os.fdopen(fd, "wb") as handle:
             for record in records:
                 line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
                 handle.write(line)
@@ -69,13 +56,8 @@ def write_temp_lines(path: Path, records: Iterable[dict[str, Any]]) -> tuple[Pat
 
 
 def _write_manifest(out: Path, status: str, files: dict[str, dict[str, Any]]) -> None:
-    path = out / MANIFEST
-    tmp = temp_path(path)
-    tmp.write_text(json.dumps({"kind": _KIND, "status": status, "files": files}, indent=2, sort_keys=True) + "\n")
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(out)
+    text = json.dumps({"kind": _KIND, "status": status, "files": files}, indent=2, sort_keys=True) + "\n"
+    write_atomic(out / MANIFEST, text.encode())
 
 
 def publish(out: Path, temps: dict[str, tuple[Path, dict[str, Any]]]) -> None:
@@ -92,10 +74,10 @@ def publish(out: Path, temps: dict[str, tuple[Path, dict[str, Any]]]) -> None:
     _write_manifest(out, "complete", entries)
 
 
-def remove_temps(out: Path, names: Iterable[str]) -> None:
-    """Remove this process's temporaries of ``names`` (after a failed conversion)."""
-    for name in names:
-        temp_path(out / name).unlink(missing_ok=True)
+def remove_temps(temps: Iterable[Path]) -> None:
+    """Remove this process's temporaries ``temps`` (after a failed conversion)."""
+    for tmp in temps:
+        tmp.unlink(missing_ok=True)
 
 
 def check_manifest(path: Path) -> int | None:
@@ -152,20 +134,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def remove_stale_temps(out: Path, names: Iterable[str]) -> None:
-    """Remove temporaries of ``names`` left in ``out`` by conversions that were killed (dead pids)."""
-    for name in [*names, MANIFEST]:
-        for tmp in out.glob(f".{name}.tmp-*"):
-            pid = tmp.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and not _alive(int(pid)):
-                tmp.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def remove_stale_temps(out: Path) -> list[str]:
+    """Remove the temporaries that killed tracerl writers left in ``out`` (dead pids only: another
+    conversion may be writing there now); a user's files, whatever their names, stay."""
+    return _remove_stale_temps(out, holding_lock=False)

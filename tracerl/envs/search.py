@@ -117,6 +117,10 @@ class SearchIndex:
 
     def search(self, query: str, k: int = 3) -> list[Document]:
         """Top ``k`` documents with a positive score; ties broken by corpus order."""
+        return [doc for doc, _ in self.search_scored(query, k)]
+
+    def search_scored(self, query: str, k: int = 3) -> list[tuple[Document, float]]:
+        """:meth:`search` with each document's BM25 score (what a retrieval server returns)."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         scores = self.scores(query)
@@ -125,7 +129,7 @@ class SearchIndex:
             kth = np.partition(scores[positive], positive.size - k)[positive.size - k]
             positive = positive[scores[positive] >= kth]  # keep every tie at the cut
         order = positive[np.lexsort((positive, -scores[positive]))][:k]
-        return [self.documents[i] for i in order]
+        return [(self.documents[i], float(scores[i])) for i in order]
 
     def resolve(self, ref: str) -> list[Document]:
         """Documents ``ref`` names: the one with that id, else all with that exact title, else

@@ -25,6 +25,9 @@ from tracerl.core.types import Task
 from tracerl.envs.data import Document, write_corpus, write_tasks
 
 TYPES = ("person", "city", "country", "book", "band", "company")
+MAX_HOPS = 5
+"""Longest question chain. Five hops (issue 48's long-horizon testbed: 4-5 searches per question)
+still leave a default world enough loop-free chains; the default worlds stop at four."""
 
 
 @dataclass(frozen=True)
@@ -134,8 +137,8 @@ class WorldConfig:
             raise ValueError(f"WorldConfig.facts_per_document must be in [{lo}, {hi}], got {self.facts_per_document}")
         if not 1 <= self.min_hops <= self.max_hops:
             raise ValueError(f"WorldConfig.min_hops must be in [1, max_hops], got {self.min_hops}")
-        if self.max_hops > 4:
-            raise ValueError(f"WorldConfig.max_hops must be <= 4, got {self.max_hops}")
+        if self.max_hops > MAX_HOPS:
+            raise ValueError(f"WorldConfig.max_hops must be <= {MAX_HOPS}, got {self.max_hops}")
         for name in ("num_train", "num_test"):
             if getattr(self, name) < 0:
                 raise ValueError(f"WorldConfig.{name} must be >= 0, got {getattr(self, name)}")

@@ -22,10 +22,22 @@ Bounded output: a tool's text is cut to ``max_chars`` characters and a failure's
 :data:`~tracerl.envs.tool_errors.MAX_FAILURE_CHARS`, so a tool returning or raising 10 MB costs
 nothing downstream. The two errors and the message bound live in :mod:`tracerl.envs.tool_errors`
 (the worker process raises them too) and are re-exported here.
+
+Concurrency: the rollout engine calls tools of different episodes at once
+(:mod:`tracerl.rollout.tool_calls`), so a tool must be safe to call from several threads (the
+built-in ones only read). ``async def`` tools are awaited on one event-loop thread; a tool with a
+batch form (:attr:`Tool.batch`) sends calls arriving together as one batch
+(:mod:`tracerl.envs.tool_batch`).
+
+Quiet tools: what an in-process tool prints is dropped (its thread's writes to ``sys.stdout`` and
+``sys.stderr``; isolated workers print to ``/dev/null``), and a tool that calls ``os.fork()`` gets
+a child that prints nothing and ends when the tool returns in it, instead of running on as a copy
+of the trainer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import pickle
 import re
@@ -35,6 +47,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tracerl.envs.tool_batch import Batcher
+from tracerl.envs.tool_quiet import in_tool
 from tracerl.envs.tool_errors import (  # noqa: F401 - MAX_FAILURE_CHARS re-exported (home: tool_errors.py)
     MAX_FAILURE_CHARS,
     ToolCallError,
@@ -65,15 +79,31 @@ class Tool:
     name: str
     description: str
     parameters: tuple[Parameter, ...]
-    fn: Callable[..., str]
+    fn: Callable[..., Any]
     isolated: bool = False
     """Run each call in a worker process that is killed at the timeout (see envs/isolation.py);
     ``fn`` must then be importable (a module-level function)."""
+    batch: Callable[..., Any] | None = None
+    """The tool's batch form (in-process tools only; see :mod:`tracerl.envs.tool_batch`): called
+    with one list per parameter of ``fn`` (in order, defaults filled in), it returns one text per
+    call, e.g. ``search_many(queries: list[str]) -> list[str]``; may be ``async def``."""
+    batch_window_s: float = 0.005
+    """How long the first call of a batch waits for others before the batch is sent."""
+    max_batch: int = 64
+    """Calls sent together at most (a full batch is sent at once)."""
 
     @classmethod
-    def from_function(cls, fn: Callable[..., Any], name: str | None = None, isolated: bool = False) -> Tool:
-        """Build a tool from a function with type hints on every parameter and a docstring."""
+    def from_function(cls, fn: Callable[..., Any], name: str | None = None, isolated: bool = False,
+                      batch: Callable[..., Any] | None = None, batch_window_s: float = 0.005,
+                      max_batch: int = 64) -> Tool:
+        """Build a tool from a function with type hints on every parameter and a docstring
+        (``async def`` functions are awaited); ``batch``: its batch form (see :attr:`batch`)."""
         tool_name = name or fn.__name__
+        if batch is not None and not callable(batch):
+            raise ValueError(f"tool {tool_name!r}: batch must be a function, got {type(batch).__name__}")
+        if not batch_window_s >= 0 or max_batch < 1:
+            raise ValueError(f"tool {tool_name!r}: need batch_window_s >= 0 and max_batch >= 1, "
+                             f"got {batch_window_s} and {max_batch}")
         if isolated:
             check_importable(fn, tool_name)
         if not tool_name.isidentifier():
@@ -93,7 +123,8 @@ class Tool:
                 raise ValueError(f"tool {tool_name!r}: parameter {p.name!r} needs a str/int/float/bool hint")
             required = p.default is inspect.Parameter.empty
             params.append(Parameter(p.name, kind, required, None if required else p.default))
-        return cls(tool_name, doc.split("\n\n")[0].replace("\n", " "), tuple(params), fn, isolated)
+        return cls(tool_name, doc.split("\n\n")[0].replace("\n", " "), tuple(params), fn, isolated,
+                   batch, batch_window_s, max_batch)
 
     def schema(self) -> dict[str, Any]:
         """JSON-schema style description (what chat templates put in their tool list)."""
@@ -136,11 +167,14 @@ class ToolSet(Mapping[str, Tool]):
 
     def __init__(self, tools: Iterable[Tool | Callable[..., Any]]) -> None:
         self._tools: dict[str, Tool] = {}
+        self._batchers: dict[str, Batcher] = {}
         for item in tools:
             tool = item if isinstance(item, Tool) else Tool.from_function(item)
             if tool.name in self._tools:
                 raise ValueError(f"duplicate tool name {tool.name!r}")
             self._tools[tool.name] = tool
+            if tool.batch is not None and not tool.isolated:
+                self._batchers[tool.name] = Batcher(tool, _invoke_batch)
 
     def __getitem__(self, name: str) -> Tool:
         return self._tools[name]
@@ -171,23 +205,81 @@ class ToolSet(Mapping[str, Tool]):
             from tracerl.envs.isolation import call_isolated  # loaded on the first isolated call
 
             return call_isolated(name, tool.fn, kwargs, timeout_s, limit)
+        if name in self._batchers:
+            return self._batchers[name].call(kwargs, timeout_s, limit)
+        if inspect.iscoroutinefunction(tool.fn):  # awaited on the shared event loop: no thread per call
+            return _invoke(tool, kwargs, limit, timeout_s)
         if timeout_s is None:
             return _invoke(tool, kwargs, limit)
         return call_with_timeout(lambda: _invoke(tool, kwargs, limit), timeout_s, what=f"tool {name}")
 
 
-def _invoke(tool: Tool, kwargs: dict[str, Any], max_chars: int) -> str:
-    """``tool.fn(**kwargs)`` in this process, its failures as :class:`ToolFailure` (bounded messages)."""
+def _invoke(tool: Tool, kwargs: dict[str, Any], max_chars: int, timeout_s: float | None = None) -> str:
+    """``tool.fn(**kwargs)`` in this process, its failures as :class:`ToolFailure` (bounded messages).
+    A coroutine it returns is awaited (``timeout_s`` bounds that wait)."""
     name = tool.name
-    try:
-        result = tool.fn(**kwargs)
-    except Exception as exc:  # any exception inside a tool is the environment's fault
-        raise ToolFailure(f"tool {name} raised {type(exc).__name__}: {bounded_message(str(exc))}") from exc
-    except SystemExit as exc:  # a tool must not end the trainer; KeyboardInterrupt still propagates
-        raise ToolFailure(f"tool {name} called exit({bounded_message(repr(exc.code))})") from exc
+    with in_tool():
+        try:
+            result = _settle(tool.fn(**kwargs), timeout_s, f"tool {name}")
+        except ToolFailure:
+            raise
+        except Exception as exc:  # any exception inside a tool is the environment's fault
+            raise ToolFailure(f"tool {name} raised {type(exc).__name__}: {bounded_message(str(exc))}") from exc
+        except SystemExit as exc:  # a tool must not end the trainer; KeyboardInterrupt still propagates
+            raise ToolFailure(f"tool {name} called exit({bounded_message(repr(exc.code))})") from exc
     if not isinstance(result, str):
         raise ToolFailure(f"tool {name} returned {type(result).__name__}, expected str")
     return result[:max_chars]
+
+
+def _invoke_batch(tool: Tool, columns: list[list[Any]], timeout_s: float | None) -> list[Any]:
+    """``tool.batch(*columns)`` in this process under ``timeout_s``; failures as :class:`ToolFailure`."""
+    assert tool.batch is not None
+    batch = tool.batch
+
+    def run() -> Any:
+        with in_tool():
+            try:
+                return _settle(batch(*columns), timeout_s, f"tool {tool.name}")
+            except ToolFailure:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the environment's fault, as for a single call
+                raise ToolFailure(f"tool {tool.name} raised {type(exc).__name__}: {bounded_message(str(exc))}") from exc
+            except SystemExit as exc:
+                raise ToolFailure(f"tool {tool.name} called exit({bounded_message(repr(exc.code))})") from exc
+
+    if timeout_s is None or inspect.iscoroutinefunction(batch):
+        return run()  # type: ignore[no-any-return]
+    return call_with_timeout(run, timeout_s, what=f"tool {tool.name}")  # type: ignore[return-value]
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """The event loop ``async def`` tools run on: one daemon thread, started on first use."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            _LOOP = asyncio.new_event_loop()
+            threading.Thread(target=_LOOP.run_forever, name="tracerl-async-tools", daemon=True).start()
+        return _LOOP
+
+
+def _settle(value: Any, timeout_s: float | None, what: str) -> Any:
+    """``value``, or its result when it is a coroutine (awaited on :func:`_event_loop`)."""
+    if not inspect.iscoroutine(value):
+        return value
+    future = asyncio.run_coroutine_threadsafe(value, _event_loop())
+    try:
+        return future.result(timeout_s)
+    except TimeoutError:
+        future.cancel()
+        raise ToolFailure(f"{what} timed out after {timeout_s:g} s") from None
+    except BaseException:
+        future.cancel()  # Ctrl-C while waiting: do not leave the coroutine running
+        raise
 
 
 def check_importable(fn: Callable[..., Any], name: str) -> None:

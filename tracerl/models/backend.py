@@ -20,6 +20,7 @@ Conventions (shared with pretraining and the trainer):
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -27,8 +28,10 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 
 from tracerl.models.heads import split_head
+from tracerl.models.precision import low_precision_copy, no_autocast, refresh_copy
 from tracerl.models.sampling import same_device, sample_next, sample_next_seeded  # noqa: F401 - re-exported
 from tracerl.models.prefill import prefill
+from tracerl.models.stop_filter import stop_candidates
 from tracerl.models.prefix_cache import KVEntry, PrefixKVStore, forward_with_cache, output_cache, plain_dynamic
 from tracerl.models.weights import load_buckets
 
@@ -144,8 +147,12 @@ class HFPolicy:
     either level) and ``generated_tokens``.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, prefix_cache_bytes: int = 256 * 2**20) -> None:
+    def __init__(self, model: Any, tokenizer: Any, prefix_cache_bytes: int = 256 * 2**20,
+                 generation_dtype: torch.dtype | None = None) -> None:
         self.model = model
+        self.copy: Any = low_precision_copy(model, generation_dtype) if generation_dtype is not None else None
+        """``model.generation_dtype = 'bfloat16'``: the frozen bf16 copy every forward of this policy runs
+        on, without autocast, refreshed from ``model`` at :meth:`sync_weights`; None: ``model`` itself."""
         self.tokenizer = tokenizer
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_token_id: int | None = int(eos) if eos is not None else None
@@ -155,6 +162,7 @@ class HFPolicy:
         self.version = 0
         """Weights version of the last :meth:`sync_weights` (the trainer's optimiser step)."""
         self.stats: dict[str, int] = {"prefill_tokens": 0, "reused_prefix_tokens": 0, "generated_tokens": 0}
+        self._stop_tables: dict[tuple[Any, ...], torch.Tensor | None] = {}
         self.record_states = False
         """Return each prefix's last-token hidden state in ``Generation.state`` (the success
         predictor's ``hidden`` input); read off the prefill forward that runs anyway."""
@@ -170,6 +178,9 @@ class HFPolicy:
         """Load a model and tokenizer from a local folder or hub name (``HF_HUB_OFFLINE`` applies)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from tracerl.models.size_guard import check_model_folder
+
+        check_model_folder(path_or_name)  # a local folder's sizes, refused before anything is allocated
         tokenizer = AutoTokenizer.from_pretrained(path_or_name)
         model = AutoModelForCausalLM.from_pretrained(path_or_name, dtype=dtype).to(device)
         model.eval()
@@ -178,6 +189,15 @@ class HFPolicy:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def net(self) -> Any:
+        """The module the forwards run on: the bf16 copy when there is one, else the shared model."""
+        return self.copy if self.copy is not None else self.model
+
+    def _forwards(self) -> Any:
+        """The bf16 copy runs with autocast off (the caller's ``compute_context`` would re-cast it)."""
+        return no_autocast(self.device) if self.copy is not None else contextlib.nullcontext()
 
     def clear_prefix_cache(self) -> None:
         """Drop all stored KV (:meth:`sync_weights` does it)."""
@@ -195,8 +215,17 @@ class HFPolicy:
                 self.model.load_state_dict(state)
         else:
             load_buckets(self.model, model_or_state)
+        if self.copy is not None:
+            refresh_copy(self.copy, self.model)
         self.clear_prefix_cache()
         self.version = int(version)
+
+    def _stop_candidates(self, stop_strings: tuple[str, ...], vocab: int, device: torch.device) -> torch.Tensor | None:
+        """:func:`~tracerl.models.stop_filter.stop_candidates`, built once per stop strings and vocabulary."""
+        key = (stop_strings, vocab, str(device))
+        if key not in self._stop_tables:
+            self._stop_tables[key] = stop_candidates(self.tokenizer, stop_strings, vocab, device)
+        return self._stop_tables[key]
 
     def device_generator(self, generator: torch.Generator | None) -> torch.Generator | None:
         """A generator on the model's device: ``generator`` itself when it lives there, else a new
@@ -244,8 +273,8 @@ class HFPolicy:
         computed = sum(len(p) - k for p, (_, k) in zip(seqs, hits, strict=True))
         self.stats["prefill_tokens"] += computed
         self.stats["reused_prefix_tokens"] += sum(len(p) for p in prefixes) - computed
-        was_training = self.model.training
-        self.model.eval()  # sampling must not see dropout even when the trainer left train mode on
+        was_training = self.net.training
+        self.net.eval()  # sampling must not see dropout even when the trainer left train mode on
         try:
             logits, cache, mask, states = self._prefill(seqs, hits)
             index = torch.tensor(row_to_unique, device=logits.device)
@@ -255,7 +284,7 @@ class HFPolicy:
             row_seeds = torch.tensor(seeds, dtype=torch.int64, device=logits.device) if seeds is not None else None
             gens = self._decode(logits[index], cache, mask[index], rows, params, generator, row_seeds)
         finally:
-            self.model.train(was_training)
+            self.net.train(was_training)
         if states is not None:
             for gen, u in zip(gens, row_to_unique, strict=True):
                 gen.state = states[u]
@@ -270,21 +299,21 @@ class HFPolicy:
         prefix (stage 1 after the planner valued its candidate prompts) reuses it and recomputes
         only the last token.
         """
-        if not prefixes or split_head(self.model) is None:
+        if not prefixes or split_head(self.net) is None:
             return None
         unique = list(dict.fromkeys(tuple(p) for p in prefixes))
         seqs = [list(p) for p in unique]
         hits = [self.store.lookup(p) if self.store is not None else (None, 0) for p in seqs]
         self.stats["prefill_tokens"] += sum(len(p) - k for p, (_, k) in zip(seqs, hits, strict=True))
-        was_training, recording = self.model.training, self.record_states
-        self.model.eval()
+        was_training, recording = self.net.training, self.record_states
+        self.net.eval()
         self.record_states = True
         try:
             _, cache, mask, states = self._prefill(seqs, hits)
             self._remember(cache, mask, [(u, u) for u in range(len(seqs))],
                            [(seqs[u], hits[u][0]) for u in range(len(seqs))], [[] for _ in seqs])
         finally:
-            self.model.train(was_training)
+            self.net.train(was_training)
             self.record_states = recording
         assert states is not None
         where = {p: u for u, p in enumerate(unique)}
@@ -296,7 +325,8 @@ class HFPolicy:
         self, seqs: list[list[int]], hits: list[tuple[KVEntry | None, int]]
     ) -> tuple[torch.Tensor, Any, torch.Tensor, list[list[float]] | None]:
         """:func:`~tracerl.models.prefill.prefill` with this policy's model, pad id and ``record_states``."""
-        return prefill(self.model, seqs, hits, self.pad_token_id, self.record_states)
+        with self._forwards():
+            return prefill(self.net, seqs, hits, self.pad_token_id, self.record_states)
 
     # --- decode ----------------------------------------------------------------------------
 
@@ -317,22 +347,28 @@ class HFPolicy:
         live = list(range(batch))  # original row index of each cache row
         positions = torch.tensor([len(seq) for seq, _ in rows], device=logits.device)
         checker = StopChecker(self.tokenizer, params.stop_strings)
+        candidates = self._stop_candidates(params.stop_strings, logits.shape[-1], logits.device)
         for step in range(params.max_new_tokens):
             if seeds is None:
                 next_tok, next_lp = sample_next(logits, params.temperature, params.top_p, generator)
             else:  # the position is the token's index within its row's generation
                 next_tok, next_lp = sample_next_seeded(
                     logits, params.temperature, params.top_p, seeds, torch.full_like(seeds, step))
-            # One device-to-host copy per step (float32 holds token ids below 2**24 exactly).
-            both = torch.stack([next_tok.float(), next_lp.float()]).tolist()
+            # One device-to-host copy per step (float32 holds token ids below 2**24 exactly), with
+            # each row's stop pre-filter flag: only flagged rows decode their tail (stop_filter.py).
+            parts = [next_tok.float(), next_lp.float()]
+            if candidates is not None:
+                parts.append(candidates[next_tok].float())
+            both = torch.stack(parts).tolist()
             next_list, lp_list = [int(t) for t in both[0]], both[1]
+            may_stop = both[2] if candidates is not None else [1.0] * len(live)
             keep: list[int] = []
             for slot, row in enumerate(live):
                 tokens[row].append(next_list[slot])
                 logprobs[row].append(lp_list[slot])
                 if next_list[slot] == self.eos_token_id:
                     reasons[row] = "eos"
-                elif checker.hit(tokens[row]):
+                elif may_stop[slot] and checker.hit(tokens[row]):
                     reasons[row] = "stop"
                 else:
                     keep.append(slot)
@@ -348,13 +384,9 @@ class HFPolicy:
                 seeds = seeds[sel] if seeds is not None else None
                 live = [live[s] for s in keep]
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=-1)
-            out = forward_with_cache(
-                self.model,
-                next_tok[:, None],
-                cache,
-                attention_mask=mask,
-                position_ids=positions[:, None],
-            )
+            with self._forwards():
+                out = forward_with_cache(self.net, next_tok[:, None], cache, attention_mask=mask,
+                                         position_ids=positions[:, None])
             cache, logits, positions = output_cache(out), out.logits[:, -1, :], positions + 1
         self._remember(cache, mask, [(row, slot) for slot, row in enumerate(live)], rows, tokens)
         return [
@@ -378,11 +410,13 @@ class HFPolicy:
         """Copy finished rows' KV (prefix + generated tokens but the last) into the store."""
         if self.store is None or not finished or not plain_dynamic(cache):
             return
-        for row, slot in finished:
+        host = mask[[slot for _, slot in finished]].cpu()  # one device-to-host copy, not a nonzero() per row
+        for (row, slot), row_mask in zip(finished, host, strict=True):
             seq, extends = rows[row]
             key = tuple(seq + tokens[row][:-1])
-            cols = mask[slot].nonzero().squeeze(-1)
+            cols = row_mask.nonzero().squeeze(-1)
             if cols.numel() != len(key):  # layout mismatch: never store something unverifiable
                 continue
+            cols = cols.to(mask.device)
             layers = [(lay.keys[slot][:, cols], lay.values[slot][:, cols]) for lay in cache.layers]
             self.store.add(key, layers, register=(len(seq),), extends=extends)

@@ -11,6 +11,7 @@ import importlib.util
 from typing import Any
 
 from tracerl.models.backend import HFPolicy, PolicyBackend
+from tracerl.models.precision import DTYPES
 
 BACKENDS = ("hf", "vllm")
 
@@ -34,7 +35,8 @@ def make_backend(config: Any, model: Any, tokenizer: Any, *, seed: int = 0) -> P
     ``sync_weights`` after every update)."""
     name = getattr(config, "backend", "hf")
     if name == "hf":
-        return HFPolicy(model, tokenizer)
+        copy = DTYPES["bfloat16"] if getattr(config, "generation_dtype", "auto") == "bfloat16" else None
+        return HFPolicy(model, tokenizer, generation_dtype=copy)
     if name == "vllm":
         if not vllm_available():
             raise ValueError(VLLM_MISSING)

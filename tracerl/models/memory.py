@@ -1,4 +1,4 @@
-"""GPU memory of a training step, computed from the model's shape (the README's table).
+"""GPU memory of a training step, computed from the model's shape (the table on docs/gpu.md).
 
 Bytes per parameter, as tracerl trains (see :mod:`tracerl.models.precision`):
 

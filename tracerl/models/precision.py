@@ -13,6 +13,7 @@ at config load (``model.dtype``), where bfloat16 is the supported low precision.
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any, ContextManager
 
 import torch
@@ -54,3 +55,36 @@ def grad_scaler(device: str | torch.device, dtype: str | torch.dtype) -> torch.a
     if _resolve(dtype) == torch.float16 and torch.device(device).type == "cuda":
         return torch.amp.GradScaler("cuda")
     return None
+
+
+GENERATION_DTYPES = ("auto", "bfloat16")
+"""``model.generation_dtype``: ``auto`` samples from the trainer's model under ``model.dtype``;
+``bfloat16`` from a bf16 copy of it, with no autocast (:func:`low_precision_copy`)."""
+
+
+def low_precision_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A frozen eval-mode copy of ``model`` whose floating parameters are ``dtype``.
+
+    Only parameters are cast: buffers keep their dtype (a rotary ``inv_freq`` rounded to bf16 would
+    move every position's angle), and a tied parameter stays tied in the copy (one memo per tensor).
+    The forwards of the copy run without autocast, so activations and the KV cache stay ``dtype``
+    (no fp32 promotion through normalised keys and ``torch.cat``), which is what makes the copy
+    cheaper than autocast: no per-op casts of fp32 weights. Built without a full-precision copy."""
+    # deepcopy meets each parameter in the memo already cast: no full-precision intermediate copy,
+    # and two modules sharing a parameter share its one copy.
+    memo: dict[int, Any] = {id(p): torch.nn.Parameter(p.detach().to(dtype) if p.is_floating_point() else p.detach().clone(),
+                                                      requires_grad=False) for p in model.parameters()}
+    clone = copy.deepcopy(model, memo)
+    clone.eval()
+    return clone
+
+
+@torch.no_grad()
+def refresh_copy(clone: torch.nn.Module, source: torch.nn.Module) -> None:
+    """Copy ``source``'s parameters and buffers into ``clone`` (cast to its dtypes), by name."""
+    clone.load_state_dict(source.state_dict())
+
+
+def no_autocast(device: str | torch.device) -> ContextManager[Any]:
+    """Autocast off on ``device``'s type (a caller's ``compute_context`` would re-cast the bf16 copy)."""
+    return torch.autocast(device_type=torch.device(device).type, enabled=False)

@@ -20,17 +20,20 @@ a turn that samples on after a stop that did not end it, see below). With a back
 honours per-row seeds (:class:`~tracerl.models.backend.HFPolicy` does) a trajectory therefore
 does not depend on the batch it ran in.
 
-Scheduling (``EngineConfig.vllm_scheduling``): with a backend that takes one request at a time
+Scheduling: with a backend that takes one request at a time
 (:class:`~tracerl.rollout.independent.RequestStream`: ``VLLMPolicy``) episodes advance
-independently by default (:func:`~tracerl.rollout.independent.run_independent`: a live episode's
-next turn is submitted the moment its observation is ready, so episodes at different turns share
-engine steps); otherwise :meth:`RolloutEngine._run` advances the live episodes one turn per
-batched ``generate`` call (lockstep turns: one batched forward for the HF backend). Either way
-an episode's rows come from :meth:`RolloutEngine._row`, its turns are applied with
+independently by default (``vllm_scheduling``; :func:`~tracerl.rollout.independent.run_independent`:
+a live episode's next turn is submitted the moment its observation is ready, so episodes at different
+turns share engine steps); a batch backend (``HFPolicy``) advances the live episodes one turn per
+batched ``generate`` call by default (lockstep turns, :meth:`RolloutEngine._run`), or independently
+through :class:`~tracerl.rollout.independent.BatchStream` with ``hf_scheduling = independent``.
+Tool calls of different episodes run concurrently either way (``tool_concurrency`` in flight, on a
+:class:`~tracerl.rollout.tool_calls.ToolRunner`; 0: one at a time, the path before issue 46). An
+episode's rows come from :meth:`RolloutEngine._row`, its turns are applied with
 :meth:`RolloutEngine._observe` and joined to its tree with :meth:`RolloutEngine._commit` (the
-per-turn steps, in :mod:`tracerl.rollout.turns`) in
-lockstep order (generate round, then request order), so the trees are the same, node ids
-included, whatever the schedule.
+per-turn steps, in :mod:`tracerl.rollout.turns`) in lockstep order (generate round, then request
+order), never in the order tools finish, so the trees are the same, node ids included, whatever the
+schedule and the tool concurrency.
 
 Branching: the engine remembers, per tree it produced, a clone of the environment episode at
 every open boundary (the root and each node after an observation). ``expand`` resumes ``n``
@@ -67,7 +70,9 @@ from tracerl.envs.verifiers import Verifier
 from tracerl.models.backend import PolicyBackend
 from tracerl.core.seeds import derive_seed
 from tracerl.rollout.engine_config import EngineConfig  # re-exported (its home is engine_config.py)
-from tracerl.rollout.independent import ScheduleStats, run_independent, streams_requests
+from tracerl.rollout.independent import BatchStream, ScheduleStats, run_independent, streams_requests
+from tracerl.rollout.progress import current_progress
+from tracerl.rollout.tool_calls import ToolRunner
 from tracerl.rollout.turns import (  # noqa: F401 - _Outcome, _turn_seed re-exported (their home moved to turns.py)
     TurnSteps,
     _keep_state,
@@ -258,26 +263,50 @@ class RolloutEngine(TurnSteps):
     def _run(self, lives: list[_Live]) -> int:
         """Advance every live episode until all end; returns tokens generated.
 
-        Independent requests when the backend streams them and the config asks for it,
-        otherwise a turn per batched call (lockstep)."""
-        if self.config.vllm_scheduling == "independent" and streams_requests(self.backend):
+        Independent requests when the config asks for it (a streaming backend as it is, a batch
+        backend through :class:`~tracerl.rollout.independent.BatchStream`), otherwise a turn per
+        batched call (lockstep); tool calls run concurrently either way (``tool_concurrency``)."""
+        cfg = self.config
+        if streams_requests(self.backend) and cfg.vllm_scheduling == "independent":
             return run_independent(self, lives, self.schedule)
-        generated = 0
-        while lives:
-            rows = [self._row(lv) for lv in lives]
-            params = self._params(max(budget for _, budget, _ in rows))
-            gens = self.backend.generate([prefix for prefix, _, _ in rows], params, [seed for _, _, seed in rows],
-                                         routing_keys=[lv.tree.tree_id for lv in lives])
-            still = []
-            for live, gen, (_, budget, _) in zip(lives, gens, rows, strict=True):
-                _keep_state(live, gen)
-                gen = self._fit(gen, budget)
-                generated += len(gen.token_ids)
-                turn = self._join(live, gen)
-                if turn is None or self._step(live, turn):
-                    still.append(live)
-            lives = still
+        if not streams_requests(self.backend) and cfg.hf_scheduling == "independent" and cfg.tool_concurrency > 0:
+            return run_independent(self, lives, self.schedule, BatchStream(self.backend))
+        with ToolRunner(cfg.tool_concurrency) as runner:
+            generated = 0
+            while lives:
+                generated, lives = self._lockstep_round(lives, runner, generated)
         return generated
+
+    def _lockstep_round(self, lives: list[_Live], runner: ToolRunner, generated: int) -> tuple[int, list[_Live]]:
+        """One batched generate call for every live episode, their tool calls started together and
+        applied in request order (the serial path's order, whatever finishes first)."""
+        rows = [self._row(lv) for lv in lives]
+        params = self._params(max(budget for _, budget, _ in rows))
+        gens = self.backend.generate([prefix for prefix, _, _ in rows], params, [seed for _, _, seed in rows],
+                                     routing_keys=[lv.tree.tree_id for lv in lives])
+        steps: list[tuple[_Live, Any, Any, Any]] = []
+        for live, gen, (_, budget, _) in zip(lives, gens, rows, strict=True):
+            _keep_state(live, gen)
+            gen = self._fit(gen, budget)
+            generated += len(gen.token_ids)
+            current_progress().generated(len(gen.token_ids))
+            turn = self._join(live, gen)
+            if turn is None:  # a stop that did not end the turn: it samples on next round
+                steps.append((live, None, None, None))
+                continue
+            action = self.fmt.parse(turn.text, self.tools)
+            steps.append((live, turn, action, runner.submit(live.episode, action)))
+        still = []
+        for live, turn, action, future in steps:
+            if turn is None:
+                still.append(live)
+                continue
+            outcome = self._observe(live, turn, action, future.result())
+            self._commit(live, outcome)
+            if not outcome.ended:
+                still.append(live)
+        return generated, still
+
 
 def _call_seed(seed: int | None, generator: torch.Generator | None) -> int:
     """The call's seed: ``seed``, else one draw from ``generator`` (torch's global one when None)."""

@@ -40,8 +40,18 @@ class EngineConfig:
     vllm_scheduling: str = "independent"
     """How a backend that takes requests one at a time (``vllm``) is driven: ``independent`` (one
     request per live episode, resubmitted as soon as its observation is ready: continuous
-    batching across turns) or ``lockstep`` (one batched call per turn round, as ``hf`` always
-    runs). Same trajectories either way (per-request seeds; nodes numbered in lockstep order)."""
+    batching across turns) or ``lockstep`` (one batched call per turn round, as ``hf`` runs by
+    default). Same trajectories either way (per-request seeds; nodes numbered in lockstep order)."""
+    hf_scheduling: str = "lockstep"
+    """How a batch backend (``hf``) is driven: ``lockstep`` (one batched call per turn round: the
+    batches, hence every log-prob bit, are the same run to run) or ``independent`` (an episode whose
+    observation arrived generates its next turn without waiting for the others' tools: each call
+    batches the episodes ready; same tokens, log-probs equal up to float noise across batch shapes).
+    ``independent`` needs ``tool_concurrency > 0``."""
+    tool_concurrency: int = 16
+    """Tool calls in flight at once (calls of different episodes run concurrently; isolated tools
+    get a worker process each). Results join the trees in request order, so the trees are those of
+    the serial path. 0: serial, each call in turn on the driver (the path before concurrent tools)."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_turn_tokens", "max_total_tokens", "max_observation_tokens"):
@@ -51,7 +61,10 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"EngineConfig.top_p must be in (0, 1], got {self.top_p}")
-        if self.vllm_scheduling not in SCHEDULINGS:
-            raise ValueError(f"EngineConfig.vllm_scheduling = {self.vllm_scheduling!r} is not valid; "
-                             f"allowed values: {', '.join(SCHEDULINGS)}")
+        for name in ("vllm_scheduling", "hf_scheduling"):
+            if getattr(self, name) not in SCHEDULINGS:
+                raise ValueError(f"EngineConfig.{name} = {getattr(self, name)!r} is not valid; "
+                                 f"allowed values: {', '.join(SCHEDULINGS)}")
+        if not 0 <= self.tool_concurrency <= 1024:
+            raise ValueError(f"EngineConfig.tool_concurrency must be in [0, 1024] (0: serial), got {self.tool_concurrency}")
 

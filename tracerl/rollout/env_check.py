@@ -128,9 +128,10 @@ def _missing(tasks: list[Task], index: SearchIndex) -> dict[str, int]:
             "tasks_without_supporting_refs": sum(not (t.supporting_ids or t.supporting_titles) for t in tasks)}
 
 
-def run_env_check(tasks_path: str | Path, corpus_path: str | Path, policy: str = "oracle",
+def run_env_check(tasks_path: str | Path, corpus_path: str | Path | None, policy: str = "oracle",
                   limit: int | None = None, seed: int = 0, cache_dir: str | Path | None = None,
-                  top_k: int = 3, max_turns: int = 8, tool_timeout_s: float | None = 30.0) -> dict[str, Any]:
+                  top_k: int = 3, max_turns: int = 8, tool_timeout_s: float | None = 30.0,
+                  retriever_url: str | None = None) -> dict[str, Any]:
     """Summary: tasks, answer_reachability, evidence_hit_rate, retrieval_hit_rate, mean_turns, errors.
 
     Rates with nothing to count (no gold references; the random policy's evidence) are None.
@@ -142,11 +143,22 @@ def run_env_check(tasks_path: str | Path, corpus_path: str | Path, policy: str =
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     tasks = load_tasks(tasks_path)[:limit]
-    documents = load_corpus(corpus_path)
-    index = SearchIndex(documents, cache_dir=cache_dir)
-    env = search_environment(index, top_k, EnvConfig(max_turns=max_turns), tool_timeout_s)  # training's factory and limits
+    index: Any
+    if retriever_url:  # the http_search environment: the server holds the corpus (tracerl/envs/http_search.py)
+        from tracerl.envs.http_search import http_search_environment, remote_index
+
+        limits = EnvConfig(max_turns=max_turns, tool_timeout_s=tool_timeout_s)
+        env: ToolEnvironment = http_search_environment(retriever_url, top_k, limits)
+        index = remote_index(env)  # type: ignore[arg-type]
+        titles = [t for task in tasks for t in task.supporting_titles] or [task.question for task in tasks]
+    else:
+        if corpus_path is None:
+            raise ValueError("env-check needs a corpus file or a retriever URL")
+        documents = load_corpus(corpus_path)
+        index = SearchIndex(documents, cache_dir=cache_dir)
+        env = search_environment(index, top_k, EnvConfig(max_turns=max_turns), tool_timeout_s)  # training's factory and limits
+        titles = [d.title for d in documents]
     fmt, rng = ReactFormat(), random.Random(seed)
-    titles = [d.title for d in documents]
     totals = {"success": 0.0, "wanted": 0, "searched": 0, "read": 0, "reachable": 0, "turns": 0, "errors": 0,
               "infra": 0}
     for task in tasks:

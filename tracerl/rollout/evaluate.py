@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from tracerl.atomic import write_atomic_lines
 from tracerl.core.types import Task, Trajectory
 from tracerl.envs.verifiers import exact_match, token_f1
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
@@ -38,12 +39,12 @@ class EvalReport:
     records: list[dict[str, Any]]
 
     def write_jsonl(self, path: str | Path) -> None:
-        """One trajectory per line (turn texts and token counts included)."""
+        """One trajectory per line (turn texts and token counts included), atomically: a full disk or
+        a kill leaves the file's earlier content whole (a hard link planted at ``path`` is broken off,
+        never written through)."""
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "w", encoding="utf-8") as handle:
-            for record in self.records:
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        write_atomic_lines(out, (json.dumps(record, ensure_ascii=False) + "\n" for record in self.records))
 
 
 def trajectory_record(traj: Trajectory, task: Task, sample: int) -> dict[str, Any]:
@@ -170,9 +171,11 @@ def run_eval(
     system_prompt: str = "",
     tiny_preset: str = "default",
     show_progress: bool = False,
+    retriever_url: str | None = None,
 ) -> dict[str, float]:
     """Load a model (a folder, a hub name, or ``tiny``: the embedded model), tasks and corpus,
-    evaluate, optionally write JSONL; returns the metrics. ``config.temperature`` 0 is greedy."""
+    evaluate, optionally write JSONL; returns the metrics. ``config.temperature`` 0 is greedy.
+    ``retriever_url``: search over that retrieval server instead (``http_search``; no corpus read)."""
     from tracerl.agent.formats import get_format
     from tracerl.envs.data import load_corpus, load_tasks
     from tracerl.envs.search import search_environment
@@ -181,8 +184,20 @@ def run_eval(
         raise ValueError(f"limit must be >= 1, got {limit}")
     config = config or EngineConfig()
     tasks = load_tasks(tasks_path)[:limit]
-    env = search_environment(load_corpus(corpus_path), top_k, config)  # the limits training uses
+    env: Any
+    if retriever_url:  # http_search: the server holds the corpus
+        from tracerl.envs.base import env_config
+        from tracerl.envs.http_search import http_search_environment
+
+        documents, env = [], http_search_environment(retriever_url, top_k, env_config(config, 30.0))
+    else:
+        documents = load_corpus(corpus_path)
+        env = search_environment(documents, top_k, config)  # the limits training uses
     policy = load_policy(model, device, tiny_preset)
+    from tracerl.envs.coverage import check_eval_coverage  # training's guard: unreadable answers score 0
+
+    check_eval_coverage(policy.tokenizer, tasks, documents, who=f"--model {model}", tasks_path=tasks_path,
+                        tiny=model == "tiny")
     fmt = get_format(format_name, tokenizer=policy.tokenizer, system=system_prompt)
     engine = RolloutEngine(policy, env, fmt, exact_match, config)
     return evaluate_and_write(engine, tasks, samples, seed, device, batch_tasks, out, show_progress)

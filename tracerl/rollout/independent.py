@@ -8,8 +8,8 @@ is stepped by the caller (:class:`RequestStream`: ``VLLMPolicy`` over vLLM's eng
 ready and steps the engine continuously, so episodes at different turns share engine steps (the
 serving engine's continuous batching) and the batch stays full until the last episodes end.
 
-Tools run on the driver as each request finishes, in a small thread pool (``tool_threads``) so a
-slow tool call does not stall the other episodes; the engine is stepped while tools run and
+Tools run as each request finishes, on the engine's bounded pool (:class:`~tracerl.rollout.tool_calls.ToolRunner`,
+``tool_concurrency`` calls in flight) so a slow tool call does not stall the other episodes; the engine is stepped while tools run and
 their results are picked up between steps (after each step the calls it started get up to one
 step's time to return, so a fast tool's episode rejoins the very next step). Parsing and observation rendering (the tokenizer)
 stay on the driver's thread.
@@ -21,21 +21,27 @@ next call would), so what it samples does not depend on when or beside what it
 ran (up to the backend's batch invariance, measured in ``tests/vllm_backend``). The tree is
 built after the call, in lockstep order (turn round, then request order): node ids, and the
 seeds later branches derive from them, are those of the lockstep schedule.
+
+A batch backend (``HFPolicy``: one ``generate`` call per batch) runs this schedule through
+:class:`BatchStream` (``rollout.engine.hf_scheduling = independent``): each ``poll`` generates every
+request submitted since the last one in one batched call, so the episodes whose observations have
+arrived generate together while the others' tools are still in flight.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+import dataclasses
+import itertools
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from tracerl.models.backend import Generation, SamplingParams
+from tracerl.rollout.progress import current_progress
+from tracerl.rollout.tool_calls import ToolRunner
 from tracerl.rollout.turns import TurnSteps, _Live, _Outcome
-
-TOOL_THREADS = 4
-"""Tool calls in flight at once (0 runs each tool inline on the driver's thread)."""
 
 
 @runtime_checkable
@@ -73,30 +79,65 @@ class ScheduleStats:
 
 
 def run_independent(engine: TurnSteps, lives: list[_Live], stats: ScheduleStats | None = None,
-                    tool_threads: int = TOOL_THREADS) -> int:
-    """Run ``lives`` to their ends through ``engine.backend`` (a :class:`RequestStream`), one
-    request per live episode; join their turns to the trees in lockstep order. Returns the tokens
-    generated. ``engine`` is the :class:`~tracerl.rollout.engine.RolloutEngine` (its per-turn steps
-    and its backend)."""
-    run = _Run(engine, lives, stats if stats is not None else ScheduleStats())
-    pool = ThreadPoolExecutor(tool_threads, thread_name_prefix="tracerl-tool") if tool_threads > 0 else None
+                    stream: RequestStream | None = None) -> int:
+    """Run ``lives`` to their ends through ``stream`` (default: ``engine.backend``, a
+    :class:`RequestStream`), one request per live episode; join their turns to the trees in
+    lockstep order. Returns the tokens generated. ``engine`` is the
+    :class:`~tracerl.rollout.engine.RolloutEngine` (its per-turn steps, config and backend)."""
+    source: Any = stream if stream is not None else engine.backend
+    run = _Run(engine, lives, stats if stats is not None else ScheduleStats(), source)
+    runner = ToolRunner(engine.config.tool_concurrency)
     try:
-        run.loop(pool)
+        run.loop(runner)
     except BaseException:
-        engine.backend.abort(list(run.requests))
+        source.abort(list(run.requests))
+        runner.close(failed=True)
         raise
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+    runner.close()
     run.commit()
     return run.generated
+
+
+class BatchStream:
+    """A :class:`RequestStream` over a batch backend (``generate`` with per-row seeds): ``poll``
+    generates every request queued since the last poll in one batched call (sampling parameters of
+    the first, the largest budget; the engine cuts each row to its own budget, as lockstep does)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.tokenizer = backend.tokenizer
+        self._queue: list[tuple[str, list[int], SamplingParams, int | None, str | None]] = []
+        self._ids = itertools.count()
+        self.calls = 0
+        """Batched ``generate`` calls made (one per poll with requests)."""
+
+    def submit(self, prefix: list[int], params: SamplingParams, seed: int | None, routing_key: str | None = None) -> str:
+        request = str(next(self._ids))
+        self._queue.append((request, list(prefix), params, seed, routing_key))
+        return request
+
+    def poll(self) -> list[tuple[str, Generation]]:
+        queue, self._queue = self._queue, []
+        if not queue:
+            return []
+        params = dataclasses.replace(queue[0][2], max_new_tokens=max(q[2].max_new_tokens for q in queue))
+        gens = self.backend.generate([q[1] for q in queue], params, [q[3] for q in queue],
+                                     routing_keys=[q[4] for q in queue])
+        self.calls += 1
+        return [(q[0], gen) for q, gen in zip(queue, gens, strict=True)]
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        drop = set(request_ids)
+        self._queue = [q for q in self._queue if q[0] not in drop]
 
 
 class _Run:
     """The state of one :func:`run_independent` call."""
 
-    def __init__(self, engine: TurnSteps, lives: list[_Live], stats: ScheduleStats) -> None:
-        self.engine, self.lives, self.stats = engine, lives, stats
+    def __init__(self, engine: TurnSteps, lives: list[_Live], stats: ScheduleStats, stream: Any) -> None:
+        self.engine, self.lives, self.stats, self.stream = engine, lives, stats, stream
+        self.states: dict[int, Any] = {}
+        """Per episode, the hidden state its current turn started from (joined with the turn's outcome)."""
         self.rounds = [0] * len(lives)
         """Per episode, the requests it has made (its lockstep round)."""
         self.outcomes: list[tuple[int, int, _Outcome]] = []
@@ -109,13 +150,13 @@ class _Run:
 
     def submit(self, i: int) -> None:
         prefix, budget, seed = self.engine._row(self.lives[i])
-        request = self.engine.backend.submit(prefix, self.engine._params(budget), seed,
+        request = self.stream.submit(prefix, self.engine._params(budget), seed,
                                              routing_key=self.lives[i].tree.tree_id)
         self.requests[request] = (i, budget)
         self.rounds[i] += 1
         self.stats.requests += 1
 
-    def loop(self, pool: ThreadPoolExecutor | None) -> None:
+    def loop(self, runner: ToolRunner) -> None:
         """Step the engine while requests are in flight; between steps, collect finished tool
         calls and submit those episodes' next turns. Block on tools only when the engine is idle."""
         for i in range(len(self.lives)):
@@ -123,7 +164,7 @@ class _Run:
         while self.requests or self.tools:
             if self.requests:
                 clock = time.perf_counter()
-                started = self._step_engine(pool)
+                started = self._step_engine(runner)
                 # Give the calls just started up to one engine step to return: a fast tool (a
                 # local search: well under a step) then joins the very next step instead of
                 # the one after, and a slow one costs at most a step once.
@@ -135,32 +176,36 @@ class _Run:
                 i, gen, action = self.tools.pop(future)
                 self._observe(i, gen, action, future.result())
 
-    def _step_engine(self, pool: ThreadPoolExecutor | None) -> list[Future[Any]]:
+    def _step_engine(self, runner: ToolRunner) -> list[Future[Any]]:
         """One engine step; parse what it finished and start those tool calls (returned)."""
         started = []
         rounds = {self.rounds[i] for i, _ in self.requests.values()}
         self.stats.engine_steps += 1
         self.stats.mixed_turn_steps += len(rounds) > 1
-        for request, gen in self.engine.backend.poll():
+        for request, gen in self.stream.poll():
             i, budget = self.requests.pop(request)
+            if gen.state is not None:
+                self.states.setdefault(i, gen.state)  # the turn's first state (lockstep keeps the first)
             gen = self.engine._fit(gen, budget)
             self.generated += len(gen.token_ids)
+            current_progress().generated(len(gen.token_ids))
             turn = self.engine._join(self.lives[i], gen)
             if turn is None:  # a stop that did not end the turn: sample on from the partial turn
                 self.submit(i)
                 continue
             gen = turn
             action = self.engine.fmt.parse(gen.text, self.engine.tools)
-            episode = self.lives[i].episode
-            if pool is None:
-                self._observe(i, gen, action, episode.step(action))
+            future = runner.submit(self.lives[i].episode, action)
+            if runner.concurrency == 0 or action.kind != "tool":  # stepped inline: no tool, or tools run serially
+                self._observe(i, gen, action, future.result())
             else:
-                started.append(pool.submit(episode.step, action))
-                self.tools[started[-1]] = (i, gen, action)
+                started.append(future)
+                self.tools[future] = (i, gen, action)
         return started
 
     def _observe(self, i: int, gen: Generation, action: Any, obs: Any) -> None:
         outcome = self.engine._observe(self.lives[i], gen, action, obs)
+        outcome.state = self.states.pop(i, None)
         self.outcomes.append((self.rounds[i], i, outcome))
         if not outcome.ended:
             self.submit(i)

@@ -58,6 +58,7 @@ from tracerl.core.protocol import (
 )
 from tracerl.core.types import RolloutTree
 from tracerl.errors import UserError
+from tracerl.rollout.progress import current_progress
 from tracerl.rollout.placement import imbalance, place
 from tracerl.rollout.ray_cluster import check_placeable, connect, free_resources
 from tracerl.rollout.ray_worker import RolloutWorker, with_absolute_paths
@@ -415,6 +416,7 @@ class RayExecutor:
         for part in parts.values():
             self._add(f"_tokens_{part.worker}", float(part.generated_tokens))
             self._add(f"_seconds_{part.worker}", part.seconds)
+            current_progress().finished_elsewhere(part.rollouts, part.generated_tokens)  # the step's status line
         return RolloutResult(deltas, sum(p.rollouts for p in parts.values()),
                              sum(p.generated_tokens for p in parts.values()), version=self.version, worker="ray",
                              seconds=time.perf_counter() - clock,

@@ -9,7 +9,9 @@ one turn lives here, shared by both schedules:
 - :class:`TurnSteps`, the engine's per-turn methods: the generate row and its seed
   (:func:`_turn_seed`), the turn's token room, fitting a generation to the episode's own budget,
   joining the segments of a turn a stop did not end, applying the turn (observation fitting to
-  ``max_observation_tokens`` and the room under ``max_total_tokens``) and joining it to the tree;
+  ``max_observation_tokens`` and the room under ``max_total_tokens``) and joining it to the tree
+  (the environment's step, the tool call, runs between the two, on the engine's tool runner:
+  :mod:`tracerl.rollout.tool_calls`);
 - :func:`_keep_state`: the policy's hidden state kept at the node a turn started from.
 
 See :mod:`tracerl.rollout.engine` for seeds and segments, and
@@ -27,6 +29,7 @@ from tracerl.envs.verifiers import Verifier
 from tracerl.models.backend import Generation, PolicyBackend, SamplingParams
 from tracerl.core.seeds import derive_seed
 from tracerl.rollout.engine_config import EngineConfig
+from tracerl.rollout.progress import current_progress
 
 
 @dataclass
@@ -76,6 +79,9 @@ class _Outcome:
     infra: bool = False
     snapshot: Any = None
     """The episode cloned at the new boundary (when the episode goes on)."""
+    state: Any = None
+    """The policy's hidden state at the node the turn started from (independent scheduling keeps
+    it here until the turn joins the tree, where :func:`_keep_state` would have put it)."""
 
 
 class TurnSteps:
@@ -145,13 +151,6 @@ class TurnSteps:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return Generation(ids, gen.logprobs[:budget], text, "length")
 
-    def _step(self, live: _Live, gen: Generation) -> bool:
-        """Apply one generated turn and join it to the tree; returns whether the episode goes on."""
-        action = self.fmt.parse(gen.text, self.tools)
-        outcome = self._observe(live, gen, action, live.episode.step(action))
-        self._commit(live, outcome)
-        return not outcome.ended
-
     def _observe(self, live: _Live, gen: Generation, action: Any, obs: Any) -> _Outcome:
         """The turn ``gen`` made (``action``, answered by ``obs``), applied to ``live``'s own
         record (turns, ids) but not yet to its tree, which :meth:`_commit` does."""
@@ -179,6 +178,9 @@ class TurnSteps:
 
     def _commit(self, live: _Live, outcome: _Outcome) -> None:
         """Join ``outcome``'s turn to the tree (a new boundary, or a leaf when the episode ended)."""
+        node = live.tree.nodes[live.node]
+        if outcome.state is not None and node.hidden is None:
+            node.hidden = outcome.state
         if outcome.ended:
             self._finish(live, outcome.turn, outcome.reward, outcome.answer, outcome.infra)
             return
@@ -197,6 +199,7 @@ class TurnSteps:
             infra_failed=infra,
         )
         live.tree.add_leaf(leaf, trajectory)
+        current_progress().rollout_finished()
 
     def _observation_ids(self, obs: Any, sampled: list[int], limit: int) -> list[int]:
         """Forced tokens after a turn that sampled ``sampled``, cut by words to ``limit`` tokens.

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import pickle
 import random
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +31,11 @@ import numpy as np
 import torch
 
 from tracerl.envs.bounded import printable
-from tracerl.runs.folder import fsync_dir, temp_path, write_atomic
+from tracerl.atomic import make_temp_dir, publish_dir
+from tracerl.runs.folder import CHECKPOINT_FOLDER, fsync_dir, write_atomic
 
 LATEST = "LATEST"
-CHECKPOINT_NAME = re.compile(r"ckpt-\d{6}")
+CHECKPOINT_NAME = CHECKPOINT_FOLDER  # ASCII digits only: ``LATEST`` naming ``ckpt-٠٠٠٠٠١`` is refused
 _POINTER_BYTES = 64
 
 __all__ = ["LATEST", "CheckpointError", "RngState", "first_nonfinite", "latest_checkpoint", "prune_checkpoints",
@@ -129,9 +129,21 @@ def save_checkpoint(
         raise ValueError(f"keep_last must be >= 1 (the current checkpoint is always kept), got {keep_last}")
     if (run_dir / LATEST).exists() and _read_pointer(run_dir) == name:
         raise CheckpointError(f"{final} is the current checkpoint; a step is checkpointed once")
-    tmp = temp_path(final)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = make_temp_dir(final)  # exclusively, with tracerl's marker: never a planted folder
+    try:
+        _write_checkpoint_files(tmp, model, tokenizer, trainer_state, config_yaml, write_sharded)
+        shutil.rmtree(final, ignore_errors=True)  # an unpointed ckpt-NNNNNN of a killed run (ours by name)
+        publish_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk: our own temporary goes, the run stays as it was
+        raise
+    write_atomic(run_dir / LATEST, name.encode())
+    prune_checkpoints(run_dir, name, keep_last)
+    return final
+
+
+def _write_checkpoint_files(tmp: Path, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
+                            config_yaml: str, write_sharded: Callable[[Path], None] | None) -> None:
     model.save_pretrained(tmp / "policy")
     tokenizer.save_pretrained(tmp / "policy")
     with open(tmp / "trainer.pt", "wb") as handle:
@@ -142,12 +154,6 @@ def save_checkpoint(
     if write_sharded is not None:  # sharded training: every rank writes its shards (DCP) into the same folder
         write_sharded(tmp / "dcp")
     fsync_tree(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    fsync_dir(run_dir)
-    write_atomic(run_dir / LATEST, name.encode())
-    prune_checkpoints(run_dir, name, keep_last)
-    return final
 
 
 def prune_checkpoints(run_dir: Path, current: str, keep_last: int) -> list[str]:
@@ -295,8 +301,8 @@ def model_load_error(err: Exception, folder: str | Path, consequence: str) -> Ex
     that does not match its weights, a tokenizer file that does not parse): transformers raises
     ``RuntimeError``, its config validation its own class, naming neither file nor fix. Out of
     memory is returned as it is (not damage: the machine is too small)."""
-    if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
-        return err
+    if isinstance(err, MemoryError) or type(err).__name__ in ("OutOfMemoryError", "ModelSizeError"):
+        return err  # ModelSizeError (models/size_guard.py) already names the file and the field
     why = " ".join(str(err).replace("For details look at the above report!", "").split())[:200] or type(err).__name__
     return CheckpointError(f"{folder} does not load as a model ({type(err).__name__}: {why}); it is damaged or its "
                            f"config.json does not match its weights: {consequence}")

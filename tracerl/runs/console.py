@@ -36,15 +36,20 @@ def _value(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def progress_line(record: dict[str, Any], total: int, elapsed: float, done: int, width: int) -> str:
+def progress_line(record: dict[str, Any], total: int, elapsed: float, done: int, width: int,
+                  time_left: float | None = None) -> str:
     """One step's line, at most ``width`` characters.
 
     ``total``: the run's target step; ``elapsed``: seconds since this process started training;
     ``done``: steps this process ran (the ETA's pace, so a resumed run is not credited with
-    steps it did not run).
+    steps it did not run); ``time_left``: seconds to a wall-clock deadline that ends the run
+    first when the steps would take longer (the demo's budget), or None.
     """
     step = int(record["step"])
-    head = f"step {step}/{total}  {clock(elapsed)} ETA {clock(eta_seconds(elapsed, done, total - step))}"
+    eta = eta_seconds(elapsed, done, total - step)
+    if time_left is not None:
+        eta = max(time_left, 0.0) if eta is None else min(eta, max(time_left, 0.0))
+    head = f"step {step}/{total}  {clock(elapsed)} ETA {clock(eta)}"
     parts = [f"{k}={record[k]}" for k in FAULT_KEYS if record.get(k)]
     parts += [f"{label} {_value(record[k])}" for k, label in KEY_METRICS if record.get(k) is not None]
     line = head

@@ -5,8 +5,9 @@ non-blocking ``fcntl.flock`` on ``RUN_DIR/.lock`` and records the holder's pid a
 so a second process fails at once naming the holder. The kernel drops the lock when the
 holder dies (even by SIGKILL), so a killed run never leaves a folder locked.
 
-Everything a run writes goes through a temporary name and ``os.replace``; temporaries are
-named ``.NAME.tmp-PID`` so leftovers of dead processes can be recognised and removed.
+Everything a run writes goes through a temporary name and ``os.replace``; temporaries carry
+tracerl's name and marker (:mod:`tracerl.atomic`) so leftovers of dead processes are recognised
+and removed, and nothing of the user's ever is.
 
 A run folder may come from someone else (an unpacked archive, a shared disk), so before a run
 or an evaluation touches it :func:`check_run_folder` refuses every entry that is a symbolic
@@ -27,18 +28,24 @@ import stat
 import weakref
 from pathlib import Path
 
+from tracerl.atomic import fsync_dir, is_own_temp, open_temp, pid_alive, remove_stale_temps, write_atomic
 from tracerl.envs.bounded import printable
-from tracerl.envs.manifest import fsync_dir, temp_path  # one naming and durability for data and run folders
+
+__all__ = ["LOCK_FILE", "RUN_ENTRIES", "STATE_NAMES", "RunFolderError", "RunLock", "check_run_folder",
+           "discard_partial_run", "fsync_dir", "live_holder", "pid_alive", "refuse_if_state",
+           "remove_stale_temps", "run_entries", "run_state", "write_atomic"]
 
 LOCK_FILE = ".lock"
 STATE_NAMES = ("metrics.jsonl", "initial", "LATEST")
 """Files and folders whose presence means a run already trained (or began to) here; ``ckpt-*`` too."""
 
 RUN_ENTRIES = (LOCK_FILE, "config.yaml", "metrics.jsonl", "initial", "LATEST", "rollouts", "view", "tensorboard")
-"""Entries tracerl reads or writes in a run folder (with ``ckpt-*`` and temporaries). W&B's
+"""Entries tracerl reads or writes in a run folder (with ``ckpt-NNNNNN`` and temporaries). W&B's
 ``wandb/`` is not one: wandb writes its own links there and tracerl never reads it."""
 
-_TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
+CHECKPOINT_FOLDER = re.compile(r"ckpt-[0-9]{6}")
+"""A checkpoint folder's name (ASCII digits: ``\\d`` would take Arabic-Indic ones too); a user's
+``ckpt-notes`` is not one, so it is never counted as run state nor removed."""
 
 
 class RunFolderError(ValueError):
@@ -50,31 +57,20 @@ class RunFolderError(ValueError):
         super().__init__(printable(message))
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write a file so readers see the old or the new content, never a torn one, durably."""
-    tmp = temp_path(path)
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 def run_state(run_dir: Path) -> list[str]:
     """Names of the run-state entries in ``run_dir`` (sorted): what makes a fresh start unsafe."""
     if not run_dir.is_dir():
         return []
     found = [name for name in STATE_NAMES if os.path.lexists(run_dir / name)]
-    found += [p.name for p in run_dir.glob("ckpt-*")]
+    found += [p.name for p in run_dir.iterdir() if CHECKPOINT_FOLDER.fullmatch(p.name)]
     return sorted(found)
 
 
 def run_entries(run_dir: Path) -> list[Path]:
     """The entries of ``run_dir`` that tracerl reads or writes (:data:`RUN_ENTRIES`, ``ckpt-*``,
-    ``.NAME.tmp-PID``), sorted; anything else in the folder is the user's and left alone."""
+    tracerl's own temporaries), sorted; anything else in the folder is the user's and left alone."""
     return sorted(p for p in run_dir.iterdir()
-                  if p.name in RUN_ENTRIES or p.name.startswith("ckpt-") or _TEMP.match(p.name))
+                  if p.name in RUN_ENTRIES or CHECKPOINT_FOLDER.fullmatch(p.name) or is_own_temp(p))
 
 
 def check_run_folder(run_dir: Path) -> None:
@@ -120,7 +116,7 @@ def refuse_if_state(run_dir: Path, *, holding_lock: bool = False) -> None:
     found = run_state(run_dir)
     if found:
         raise RunFolderError(f"{run_dir} already holds run state ({', '.join(found)}); "
-                             f"continue it with --resume {run_dir}, or choose another --out")
+                             f"continue it with --resume {run_dir}, start over with --overwrite, or choose another --out")
 
 
 def live_holder(run_dir: Path) -> str | None:
@@ -146,36 +142,6 @@ def live_holder(run_dir: Path) -> str | None:
         return None
     finally:
         os.close(fd)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (signal 0 probes without sending anything)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
-
-
-def remove_stale_temps(run_dir: Path, *, holding_lock: bool) -> list[str]:
-    """Remove ``.NAME.tmp-PID`` leftovers of dead writers; all of them when we hold the lock.
-
-    Holding the lock means no other process may write here, so every temporary is stale;
-    without it only those whose pid is gone are. Returns the names removed.
-    """
-    removed = []
-    for entry in run_dir.iterdir() if run_dir.is_dir() else []:
-        match = _TEMP.match(entry.name)
-        if not match or (not holding_lock and pid_alive(int(match.group(1)))):
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-        removed.append(entry.name)
-    return sorted(removed)
 
 
 _HELD_LOCKS: weakref.WeakSet[RunLock] = weakref.WeakSet()
@@ -253,9 +219,7 @@ class RunLock:
         between: a process that opened the old file finds it locked (and gives up), one that
         opens the new name finds that locked too. The other name's file is left as it was.
         """
-        tmp = temp_path(self.path)
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        tmp, fd = open_temp(self.path)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a file nobody else has opened: cannot fail
         os.replace(tmp, self.path)
         old, self._fd = self._fd, fd

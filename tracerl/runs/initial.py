@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import shutil
 from pathlib import Path
 from typing import Any
 
+from tracerl.atomic import make_temp_dir, publish_dir
 from tracerl.envs.bounded import loads_json, read_limited
 from tracerl.runs.checkpoint import fsync_tree
-from tracerl.runs.folder import RunFolderError, fsync_dir, temp_path, write_atomic
+from tracerl.runs.folder import RunFolderError, write_atomic
 
 REFERENCE_FILE = "reference.json"
 MAX_REFERENCE_BYTES = 1 << 20
@@ -53,18 +54,20 @@ def has_initial(initial: Path) -> bool:
 
 def write_initial(initial: Path, model: Any, tokenizer: Any, name_or_path: str) -> None:
     """Write ``initial/`` atomically: a reference for an on-disk folder, else a full copy."""
-    tmp = temp_path(initial)
-    if is_referable(name_or_path):
-        source = Path(name_or_path).resolve()
-        tmp.mkdir(exist_ok=True)
-        record = {"path": str(source), "fingerprint": fingerprint(source)}
-        write_atomic(tmp / REFERENCE_FILE, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
-    else:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-    fsync_tree(tmp)  # HF writers do not fsync: make the content durable before the rename publishes it
-    os.replace(tmp, initial)
-    fsync_dir(initial.parent)
+    tmp = make_temp_dir(initial)  # exclusively, with tracerl's marker (removed when published)
+    try:
+        if is_referable(name_or_path):
+            source = Path(name_or_path).resolve()
+            record = {"path": str(source), "fingerprint": fingerprint(source)}
+            write_atomic(tmp / REFERENCE_FILE, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+        else:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        fsync_tree(tmp)  # HF writers do not fsync: make the content durable before the rename publishes it
+        publish_dir(tmp, initial)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # our own temporary only
+        raise
 
 
 def initial_source(initial: Path) -> str:

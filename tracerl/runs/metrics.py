@@ -12,6 +12,7 @@ from typing import Any
 
 from tracerl.envs.bounded import MiB, line_too_long, lines_limited, loads_json, open_regular
 from tracerl.runs.folder import fsync_dir, write_atomic
+from tracerl.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
 MAX_METRICS_LINE = 1 * MiB
@@ -89,10 +90,15 @@ class MetricsLog:
             except ImportError as err:
                 raise RuntimeError("log.wandb=true needs `pip install -e '.[wandb]'`") from err
             log_cfg = getattr(config, "log", None)
-            self._wandb = wandb_module.init(project=getattr(log_cfg, "wandb_project", "tracerl"),
-                                            entity=getattr(log_cfg, "wandb_entity", "") or None,
-                                            name=run_name or run_dir.name, dir=str(run_dir),
-                                            config=self._hparams or None)
+            try:
+                self._wandb = wandb_module.init(project=getattr(log_cfg, "wandb_project", "tracerl"),
+                                                entity=getattr(log_cfg, "wandb_entity", "") or None,
+                                                name=run_name or run_dir.name, dir=str(run_dir),
+                                                config=self._hparams or None)
+            except Exception as err:  # noqa: BLE001 - wandb's login and network errors are the user's to fix
+                first = " ".join(str(err).split())[:200]
+                raise UserError(f"log.wandb = true: W&B could not start ({type(err).__name__}: {first}); run "
+                                "`wandb login`, or set WANDB_MODE=offline to log locally, or log.wandb=false") from None
 
     def truncate_after(self, step: int) -> None:
         """Keep only the lines of steps ``<= step`` (those the checkpoint reflects), atomically.

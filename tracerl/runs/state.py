@@ -10,6 +10,7 @@ format :mod:`tracerl.runs.checkpoint`'s; the training step is :mod:`tracerl.trai
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +44,7 @@ from tracerl.runs.folder import (
     discard_partial_run,
     refuse_if_state,
     remove_stale_temps,
+    run_entries,
     write_atomic,
 )
 
@@ -136,6 +138,10 @@ class RunLifecycle:
         """Lock the folder, clear temporaries, check its state; the checkpoint to resume from."""
         self._created_dir = not self.run_dir.exists()
         check_run_folder(self.run_dir)  # no link inside may lead a write or a delete outside it
+        self._fresh_start = not resume
+        # What was here before this start (a user's identical config.yaml, a view/ of theirs): a failed
+        # start removes only what it created.
+        self._entries_before = {p.name for p in run_entries(self.run_dir)} if self.run_dir.is_dir() else set()
         if not resume:  # before the lock file is created: a refused start leaves the folder as it was
             refuse_foreign_config(self.run_dir / "config.yaml", config_to_yaml(self.config).encode())
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -284,10 +290,43 @@ class RunLifecycle:
         if engine is not None:
             engine.close()
         if discard and self.lock.held:
-            discard_partial_run(self.run_dir)
-            (self.run_dir / "config.yaml").unlink(missing_ok=True)
-            if self._created_dir and [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
-                (self.run_dir / LOCK_FILE).unlink()
-                self.lock.release()
-                self.run_dir.rmdir()
+            self._discard_own_entries()
         self.lock.release()
+
+    def discards_after(self, error: BaseException | None) -> bool:
+        """Whether ending with ``error`` should leave no run state: a fresh start that failed (an
+        ``Exception``; Ctrl-C keeps its state for ``--resume``) before it wrote a metrics line or a
+        checkpoint (``rollout.engine.max_total_tokens=1`` fails in the first rollout), so the corrected
+        command can start over in the same folder. A run that logged a step keeps its metrics for the
+        user to read, and a failing tool or verifier keeps its state: its line names the resume that
+        continues it."""
+        from tracerl.envs.health import ToolHealthError
+        from tracerl.envs.verifiers import VerifierError
+
+        if not (isinstance(error, Exception) and not isinstance(error, (ToolHealthError, VerifierError))
+                and getattr(self, "_fresh_start", False) and self.lock.held):
+            return False
+        metrics = self.run_dir / "metrics.jsonl"
+        if metrics.exists() and metrics.stat().st_size > 0:
+            return False
+        try:
+            return latest_checkpoint(self.run_dir) is None
+        except CheckpointError:  # never ours to judge: keep everything
+            return False
+
+    def _discard_own_entries(self) -> None:
+        """Remove what this start wrote (run state, config.yaml, rollouts/, tensorboard/, ...), never an
+        entry that was there before it; the folder too when this start created it and nothing is left."""
+        before: set[str] = getattr(self, "_entries_before", set())
+        discard_partial_run(self.run_dir)  # run state: a fresh start found none
+        for entry in run_entries(self.run_dir):
+            if entry.name in before or entry.name == LOCK_FILE:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink(missing_ok=True)
+        if self._created_dir and [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
+            (self.run_dir / LOCK_FILE).unlink()
+            self.lock.release()
+            self.run_dir.rmdir()

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from tracerl.models.precision import DTYPES
+from tracerl.models.size_guard import check_model_folder
 
 hf_logging.disable_progress_bar()  # "Writing model shards" bars drown the training log
 
@@ -55,6 +56,7 @@ def load_model(
             from tracerl.testbed.tiny_config import get_preset
 
             path = load_or_pretrain(get_preset(tiny_preset))
+        check_model_folder(path)  # sizes from config.json, refused before anything is allocated
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     if tokenizer.pad_token_id is None:

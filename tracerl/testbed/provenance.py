@@ -2,13 +2,15 @@
 
 A testbed figure is conditional on the base model (one pretraining draw) and, for timings, on the
 machine. :func:`provenance` returns both as plain JSON-ready dicts, so a result can be matched to
-the exact shipped weights (sha256 from the manifest) and its hardware.
+the exact shipped weights (sha256 from the manifest) and its hardware, and :func:`git_state` records
+the commit of the code that made it (issue 48).
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,12 @@ import torch
 from tracerl.testbed.shipped import file_sha256, find_shipped, read_manifest
 from tracerl.testbed.tiny_config import get_preset
 
-__all__ = ["base_model_record", "machine_facts", "provenance"]
+__all__ = ["base_model_record", "git_state", "machine_facts", "provenance"]
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+"""Where the code runs from: the repository root in a checkout (an editable install), else site-packages."""
+RESULTS_PATHS = ("benchmarks/results",)
+"""Outputs, not code: files changed here do not make the tree dirty (a sweep writes its shards there)."""
 
 
 def machine_facts() -> dict[str, Any]:
@@ -72,8 +79,37 @@ def base_model_record(name_or_path: str = "tiny", tiny_preset: str = "default") 
             "sha256": file_sha256(weights) if weights.is_file() else None}
 
 
+def git_state(root: Path = CHECKOUT, outputs: tuple[str, ...] = RESULTS_PATHS) -> dict[str, Any]:
+    """``{"commit", "dirty", "changed", "note"}`` of the git checkout at ``root``: the commit checked out,
+    whether any file outside ``outputs`` differs from it (modified, staged, deleted or untracked and
+    not ignored) and how many do. ``commit`` and ``dirty`` are ``None`` with a ``note`` saying why when
+    git is missing or ``root`` is not the top of a checkout (an installed package: its commit is unknown)."""
+    def git(*argv: str) -> str:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}  # GIT_DIR etc. would point elsewhere
+        done = subprocess.run(["git", "-C", str(root), *argv], capture_output=True, text=True, env=env, timeout=60,
+                              check=True)
+        return done.stdout
+
+    try:
+        top = git("rev-parse", "--show-toplevel").strip()
+        if Path(top).resolve() != Path(root).resolve():  # a package installed inside someone else's checkout
+            return {"commit": None, "dirty": None, "changed": None, "note": f"{root} is not a git checkout's top"}
+        commit = git("rev-parse", "--verify", "HEAD").strip()
+        status = git("status", "--porcelain", "--untracked-files=all", "--", ".",
+                     *(f":(exclude){path}" for path in outputs))
+    except FileNotFoundError:
+        return {"commit": None, "dirty": None, "changed": None, "note": "git not found"}
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        reason = (getattr(exc, "stderr", "") or str(exc)).strip().splitlines()
+        return {"commit": None, "dirty": None, "changed": None,
+                "note": f"{root} is not a git checkout with a commit ({reason[0] if reason else exc!r})"}
+    changed = [line for line in status.splitlines() if line.strip()]
+    return {"commit": commit, "dirty": bool(changed), "changed": len(changed), "note": None}
+
+
 def provenance(name_or_path: str | None = "tiny", tiny_preset: str = "default") -> dict[str, Any]:
-    """``{"base_model": base_model_record(...), "machine": machine_facts()}`` for a results JSON;
-    ``name_or_path=None`` for a benchmark without a pretrained base model (``base_model`` is ``None``)."""
+    """``{"base_model": base_model_record(...), "machine": machine_facts(), "git": git_state()}`` for a
+    results JSON; ``name_or_path=None`` for a benchmark without a pretrained base model (``base_model``
+    is ``None``)."""
     base = None if name_or_path is None else base_model_record(name_or_path, tiny_preset)
-    return {"base_model": base, "machine": machine_facts()}
+    return {"base_model": base, "machine": machine_facts(), "git": git_state()}

@@ -8,11 +8,12 @@ demo, ``--smoke`` and the benchmarks use are therefore pretrained once and shipp
 ``tracerl/testbed/weights/<preset>/`` holds the Hugging Face folder (``model.safetensors``, config,
 tokenizer), ``tiny_config.json`` and ``pretrain_log.json`` as pretraining wrote them, and
 ``manifest.json``: the preset's config hash (:meth:`TinyModelConfig.hash`), the sha256 and size of
-the weights file, precision, parameter count, the torch version, thread count and device that made
+the weights file, the sha256 of every file of the folder (``files``: config and tokenizer too, so an
+edited ``rms_norm_eps`` or ``tokenizer.json`` is caught), precision, parameter count, the torch version, thread count and device that made
 them, and the command that re-makes them (``tracerl pretrain --preset <preset> --ship``).
 
-Loading (:func:`find_shipped`) matches a config to a shipped folder by its hash and checks the
-weights' sha256 before handing the folder out; a config that matches no manifest is pretrained
+Loading (:func:`find_shipped`) matches a config to a shipped folder by its hash and checks every
+file's sha256 (each a regular file, no symlink, nothing else in the folder) before handing it out; a config that matches no manifest is pretrained
 (and cached) as before.
 """
 
@@ -21,17 +22,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from tracerl.envs.bounded import printable
 from tracerl.errors import UserError
 from tracerl.testbed.tiny_config import TinyModelConfig, get_preset
 
-__all__ = ["MANIFEST", "SHIPPED_PRESETS", "WEIGHTS_FILE", "check_shipped", "file_sha256", "find_shipped",
-           "read_manifest", "ship_preset", "weights_root"]
+__all__ = ["MANIFEST", "SHIPPED_PRESETS", "WEIGHTS_FILE", "check_shipped", "file_hashes", "file_sha256", "find_shipped",
+           "folder_problem", "read_manifest", "ship_preset", "weights_root"]
 
 MANIFEST = "manifest.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -41,6 +44,11 @@ variant's (benchmarks/common.py ``CREDIT_SETTING`` and ``LOOKALIKE_SETTING``).""
 FOLDER_FILES = ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
                 "tokenizer_config.json", "chat_template.jinja", "tiny_config.json", "pretrain_log.json")
 """What pretraining writes and a shipped folder keeps (``manifest.json`` is added beside them)."""
+
+MAX_MANIFEST_BYTES = 64 * 1024
+"""A manifest is under 2 KB; past this it is not one (and is not read whole)."""
+_WORD = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 _VERIFIED: dict[tuple[str, int, int], str] = {}
 """sha256 of weights files already read in this process, keyed by (path, size, mtime)."""
@@ -65,17 +73,63 @@ def file_sha256(path: Path) -> str:
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
-    """The manifest of a shipped folder, or ``None`` when it has none; a damaged one is one line."""
+    """The manifest of a shipped folder, or ``None`` when it has none; a damaged one is one line.
+
+    Read with a size cap (:data:`MAX_MANIFEST_BYTES`; a 300 MB manifest was read whole), and its
+    fields checked: ``preset`` and ``config_hash`` plain words, ``sha256`` and every ``files``
+    digest 64 hex digits (a ``"sha256": 12345`` was a 111-line traceback)."""
     path = folder / MANIFEST
     if not path.is_file():
         return None
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise UserError(f"{path}: not a readable manifest ({err}); reinstall tracerl") from None
+        with path.open("rb") as handle:
+            data = handle.read(MAX_MANIFEST_BYTES + 1)
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise ValueError(f"larger than {MAX_MANIFEST_BYTES // 1024} KiB")
+        manifest = json.loads(data)
+    except (OSError, ValueError, RecursionError) as err:
+        raise UserError(f"{path}: not a readable manifest ({printable(' '.join(str(err).split())[:160])}); "
+                        "reinstall tracerl") from None
     if not isinstance(manifest, dict) or not all(k in manifest for k in ("preset", "config_hash", "sha256")):
         raise UserError(f"{path}: manifest lacks preset, config_hash or sha256; reinstall tracerl")
+    for key in ("preset", "config_hash"):
+        if not isinstance(manifest[key], str) or not _WORD.fullmatch(manifest[key]):
+            raise UserError(f"{path}: {key} must be a plain word, got {_shown(manifest[key])}; reinstall tracerl")
+    files = manifest.get("files", {})
+    digests = [("sha256", manifest["sha256"])]
+    if isinstance(files, dict):
+        digests += [(f"files.{_shown(name)}", digest) for name, digest in files.items()]
+    for key, digest in digests:
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise UserError(f"{path}: {key} must be 64 hex digits, got {_shown(digest)}; reinstall tracerl")
+    if not isinstance(files, dict) or set(files) != set(FOLDER_FILES):
+        raise UserError(f"{path}: files must give the sha256 of each of {', '.join(FOLDER_FILES)}; reinstall tracerl")
     return manifest
+
+
+def _shown(value: Any) -> str:
+    """A manifest value in a message: printable (no ESC or BEL reaches the terminal), cut short."""
+    text = repr(value)
+    return printable(text if len(text) <= 60 else text[:60] + "...")
+
+
+def folder_problem(folder: Path, manifest: dict[str, Any]) -> str | None:
+    """Why ``folder`` is not exactly what ``manifest`` pins, or None: each of :data:`FOLDER_FILES`
+    a regular file (not a symlink: it could point anywhere, and change later) whose sha256 is the
+    manifest's, and no other file beside them (transformers would read another weights file)."""
+    for name in FOLDER_FILES:
+        path = folder / name
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            return f"{path}: a shipped file must be a regular file, not a link or a folder"
+        if not path.is_file():
+            return f"{path}: shipped file missing"
+        actual = file_sha256(path)
+        if actual != manifest["files"][name]:
+            return f"{path}: sha256 {actual[:12]}... does not match its manifest ({manifest['files'][name][:12]}...)"
+    extra = sorted(p.name for p in folder.iterdir() if p.name not in (*FOLDER_FILES, MANIFEST))
+    if extra:
+        return f"{folder / extra[0]}: not a file of the shipped model (its manifest lists {len(FOLDER_FILES)} files)"
+    return None
 
 
 def _refresh_hint(preset: str) -> str:
@@ -97,13 +151,9 @@ def find_shipped(config: TinyModelConfig, root: Path | None = None) -> Path | No
         manifest = read_manifest(folder)
         if manifest is None or manifest["config_hash"] != wanted:
             continue
-        weights = folder / WEIGHTS_FILE
-        if not weights.is_file():
-            raise UserError(f"{weights}: shipped weights missing; {_refresh_hint(manifest['preset'])}")
-        actual = file_sha256(weights)
-        if actual != manifest["sha256"]:
-            raise UserError(f"{weights}: sha256 {actual[:12]}... does not match its manifest "
-                            f"({manifest['sha256'][:12]}...); {_refresh_hint(manifest['preset'])}")
+        problem = folder_problem(folder, manifest)
+        if problem is not None:
+            raise UserError(f"{problem}; {_refresh_hint(manifest['preset'])}")
         return folder
     return None
 
@@ -131,6 +181,10 @@ def check_shipped(preset: str, root: Path | None = None) -> list[str]:
         problems.append(f"{weights}: missing; {_refresh_hint(preset)}")
     elif file_sha256(weights) != manifest["sha256"]:
         problems.append(f"{weights}: sha256 does not match {folder / MANIFEST}; {_refresh_hint(preset)}")
+    else:
+        problem = folder_problem(folder, manifest)
+        if problem is not None:
+            problems.append(f"{problem}; {_refresh_hint(preset)}")
     stored = folder / "tiny_config.json"
     if not stored.is_file() or TinyModelConfig.from_dict(json.loads(stored.read_text())) != config:
         problems.append(f"{stored}: not the config of preset {preset!r}; {_refresh_hint(preset)}")
@@ -167,6 +221,11 @@ def ship_preset(preset: str, source: Path, command: str, root: Path | None = Non
     return root / preset
 
 
+def file_hashes(folder: Path) -> dict[str, str]:
+    """sha256 of each of :data:`FOLDER_FILES` in ``folder`` (the manifest's ``files``)."""
+    return {name: file_sha256(folder / name) for name in FOLDER_FILES}
+
+
 def _manifest(preset: str, config: TinyModelConfig, folder: Path, command: str) -> dict[str, Any]:
     log = json.loads((folder / "pretrain_log.json").read_text())
     weights = folder / WEIGHTS_FILE
@@ -176,6 +235,7 @@ def _manifest(preset: str, config: TinyModelConfig, folder: Path, command: str) 
         "weights_file": WEIGHTS_FILE,
         "sha256": file_sha256(weights),
         "bytes": weights.stat().st_size,
+        "files": file_hashes(folder),
         "precision": log.get("precision"),
         "parameters": log.get("parameters"),
         "vocab_size": log.get("vocab_size"),

@@ -23,10 +23,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -38,8 +36,10 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from tracerl.agent.formats import get_format
+from tracerl.atomic import make_temp_dir, publish_dir, remove_stale_temps
+from tracerl.envs.bounded import read_limited
 from tracerl.envs.synthwiki import WorldConfig
-from tracerl.testbed.shipped import find_shipped, ship_preset
+from tracerl.testbed.shipped import FOLDER_FILES, file_sha256, find_shipped, ship_preset
 from tracerl.testbed.tiny_config import PRESETS, TinyModelConfig, get_preset
 from tracerl.testbed.tiny_data import (
     ExplorerConfig,
@@ -256,10 +256,10 @@ def load_or_pretrain(config: TinyModelConfig | None = None, cache_dir: str | Pat
         return final
     root.mkdir(parents=True, exist_ok=True)
     remove_dead_temps(root)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=root))
+    tmp = make_temp_dir(final)  # tracerl's name and marker: only such folders are ever cleaned up
     try:
         pretrain_tiny_model(config, tmp, progress=progress)
-        os.replace(tmp, final)
+        publish_dir(tmp, final)
     except OSError:
         if not (final / "tiny_config.json").exists():
             raise
@@ -272,38 +272,43 @@ def load_or_pretrain(config: TinyModelConfig | None = None, cache_dir: str | Pat
 
 
 
-_TEMP_PID = re.compile(r"^\.tmp-(\d+)-")
-LEGACY_TEMP_AGE_S = 6 * 3600
-"""A ``.tmp-*`` folder without a pid (older versions) counts as dead after this long untouched."""
-
-
 def remove_dead_temps(root: Path) -> list[str]:
-    """Remove ``.tmp-PID-*`` folders of processes that are gone (a killed pretraining leaves one).
+    """Remove the temporary folders of pretrainings whose process is gone (a killed one leaves one).
 
-    A live pid's folder may be another process pretraining right now: it stays. Returns the
-    names removed.
-    """
-    removed = []
-    for entry in root.glob(".tmp-*"):
-        match = _TEMP_PID.match(entry.name)
-        if match:
-            dead = not _pid_alive(int(match.group(1)))
-        else:
-            dead = time.time() - entry.stat().st_mtime > LEGACY_TEMP_AGE_S
-        if dead and entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-            removed.append(entry.name)
-    return sorted(removed)
+    Only folders tracerl made (its name and marker, :mod:`tracerl.atomic`) and whose pid is gone:
+    a live pid's may be another process pretraining right now, and anything else is the user's.
+    Returns the names removed."""
+    return remove_stale_temps(root, holding_lock=False)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0 probes without sending anything
-    except ProcessLookupError:
+def _check_out(target: Path, config: TinyModelConfig) -> bool:
+    """Whether ``pretrain --out`` ``target`` already holds ``config``'s model (its files all there; their
+    bytes are compared after pretraining, :func:`out_differs`); False for an empty or new folder;
+    ValueError for a folder holding something else."""
+    marker = target / "tiny_config.json"
+    if not marker.exists():
+        if target.exists() and any(target.iterdir()):
+            raise ValueError(f"--out {target} exists and is not empty")
         return False
-    except PermissionError:
-        return True
+    if TinyModelConfig.from_dict(json.loads(read_limited(marker, 1 << 20, "tiny_config.json"))) != config:
+        raise ValueError(f"--out {target} already holds a tiny model with another config")
+    missing = [name for name in FOLDER_FILES if (target / name).is_symlink() or not (target / name).is_file()]
+    if missing:
+        raise ValueError(f"--out {target} holds this model's tiny_config.json but not {missing[0]}; empty the folder "
+                         "or choose another --out")
     return True
+
+
+def out_differs(cached: Path, target: Path) -> str | None:
+    """How ``target`` (an earlier ``pretrain --out``) differs from the pretrained ``cached`` folder it
+    should copy, or None: each of its files a regular file with the same bytes (sha256)."""
+    for name in FOLDER_FILES:
+        path = target / name
+        if path.is_symlink() or not path.is_file():
+            return f"not {name}"
+        if file_sha256(path) != file_sha256(cached / name):
+            return f"another {name}"
+    return None
 
 
 def pretrained_folder(preset: str = "default", out: str | Path | None = None, steps: int | None = None,
@@ -321,6 +326,7 @@ def pretrained_folder(preset: str = "default", out: str | Path | None = None, st
     if ship and changes:
         raise ValueError("--ship publishes a preset's own model: drop --steps and --seed")
     config = replace(get_preset(preset), **changes)
+    holds_model = out is not None and _check_out(Path(out), config)  # before pretraining: a bad --out fails fast
     cached = load_or_pretrain(config, cache_dir=cache_dir, progress=progress, shipped=False)
     if ship:
         threads = json.loads((cached / "pretrain_log.json").read_text()).get("threads", torch.get_num_threads())
@@ -330,12 +336,11 @@ def pretrained_folder(preset: str = "default", out: str | Path | None = None, st
     if out is None:
         return cached
     target = Path(out)
-    marker = target / "tiny_config.json"
-    if marker.exists():
-        if TinyModelConfig.from_dict(json.loads(marker.read_text())) != config:
-            raise ValueError(f"--out {target} already holds a tiny model with another config")
+    if holds_model:
+        differs = out_differs(cached, target)
+        if differs is not None:
+            raise ValueError(f"--out {target} holds this model's tiny_config.json but {differs}; empty the folder "
+                             "or choose another --out")
         return target
-    if target.exists() and any(target.iterdir()):
-        raise ValueError(f"--out {target} exists and is not empty")
     shutil.copytree(cached, target, dirs_exist_ok=True)
     return target

@@ -202,6 +202,15 @@ PRESETS: dict[str, TinyModelConfig] = {
     # same shape without the gold. Shipped (weights/bench_hops_lookalike); its base rates not yet measured here.
     "bench_hops_lookalike": TinyModelConfig(world=replace(BENCH_WORLD, distractors=1), num_worlds=200, steps=4200,
                                             warmup_steps=100, explorer=replace(DEFAULT_EXPLORER, hop_aware=0.7)),
+    # The long-horizon testbed's candidate base (issue 48; benchmarks/long_horizon_pilot.py): bench_hops_lookalike
+    # on 1-5 hop worlds, so that its hop-aware explorer also makes five searches. The shipped
+    # bench_hops_lookalike (pretrained on at most four hops) makes 4.0 greedy calls on 4-5 hop questions
+    # and solves no sampled five-hop question. Five searches of three results reach ~610 tokens, hence rows
+    # of 768. Not pretrained or shipped yet: about 1.5x bench_hops_lookalike's 22 min on an idle core.
+    "bench_hops_long": TinyModelConfig(world=replace(BENCH_WORLD, distractors=1, max_hops=5), num_worlds=200,
+                                       steps=4200, warmup_steps=100, seq_len=768, max_turns=10,
+                                       explorer=replace(DEFAULT_EXPLORER, hop_aware=0.7,
+                                                        search_count_weights=(0.3, 0.25, 0.2, 0.15, 0.1))),
     # The same data on two layers (8.4k steps of one row, 7 min): sampled 7.3% / 0.0% / 0.9%, and
     # GRPO stayed at 0% on two and three hops in 100 steps; measured and not used.
     "bench_hops_2l": TinyModelConfig(world=BENCH_WORLD, num_worlds=200, num_layers=2, steps=8400, batch_size=1,

@@ -15,7 +15,6 @@ from the command line needs the function importable under that path).
 
 from __future__ import annotations
 
-import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,10 +26,12 @@ from tracerl.core.registry import RegistryError, resolve_import_path
 from tracerl.envs.bounded import read_limited
 from tracerl.errors import UserError
 from tracerl.runs.checkpoint import latest_checkpoint
-from tracerl.runs.folder import LOCK_FILE, RunFolderError, RunLock, check_run_folder, run_entries, run_state
+from tracerl.config.resume_rule import check_resume_changes
+from tracerl.runs.folder import RunFolderError, check_run_folder, run_state
+from tracerl.runs.overwrite import overwrite_run_folder
 from tracerl.train.loop import Trainer
 from tracerl.train.preflight import checked_config
-from tracerl.train.run import console_run
+from tracerl.train.run import console_run, truthful_stop
 from tracerl.train.smoke import pretrain_if_used
 
 
@@ -59,8 +60,10 @@ def trainer(preset: str = "grpo", out: str | Path = "runs/python", *, overrides:
     ``smoke``: True (``--smoke``: the smoke-pretrained tiny model, react format, search/open only) or
     ``"random"`` (``--smoke-random``: a random tiny model whose vocabulary fits your tools and format).
     A folder that already holds a run is refused unless ``resume=True`` (continue it from its newest
-    checkpoint; the arguments must give the config it was started with, ``steps`` aside; an empty
-    folder starts fresh) or ``overwrite=True`` (remove tracerl's files there and start over).
+    checkpoint; the arguments may change only steps, evaluation, logging, checkpoint cadence and the
+    machine, as ``tracerl train --resume``: :mod:`tracerl.config.resume_rule`; an empty folder starts
+    fresh) or ``overwrite=True`` (remove the previous run there, named on stderr, and start over; files
+    of your own there stay: :mod:`tracerl.runs.overwrite`).
     ``run()`` prints the console's header, a progress line per step and the footer, as ``tracerl
     train`` does, unless ``quiet``. Use it as a context manager (``with trainer(...) as run:
     run.run()``) so the folder's lock is released.
@@ -82,7 +85,7 @@ def trainer(preset: str = "grpo", out: str | Path = "runs/python", *, overrides:
     if continuing:
         check_same_config(config, run_dir)
     elif overwrite:
-        clear_run_folder(run_dir)
+        overwrite_run_folder(run_dir, notify=lambda line: print(line, file=sys.stderr, flush=True))
     elif run_state(run_dir):
         raise RunFolderError(f"{run_dir} already holds run state ({', '.join(run_state(run_dir))}); continue it "
                              "with trainer(..., resume=True), start over with overwrite=True, or choose another out")
@@ -101,62 +104,25 @@ class ConsoleTrainer(Trainer):
         """:meth:`Trainer.run <tracerl.train.loop.Trainer.run>`, between the console's header and footer."""
         train = super().run
         if self.quiet:
-            return train(steps, deadline=deadline)
+            with truthful_stop(self):  # a stop by failing tools names the checkpoint a resume continues from
+                return train(steps, deadline=deadline)
         target = self.config.steps if steps is None else steps
         return console_run(self, target, lambda: train(steps, deadline=deadline))
 
 
-def check_same_config(config: TrainConfig, run_dir: Path) -> None:
-    """``resume=True``: the arguments must give the config the run in ``run_dir`` was started with
-    (``steps`` and ``dist`` aside), compared as data: nothing the folder names is imported."""
+def check_same_config(config: TrainConfig, run_dir: Path) -> TrainConfig:
+    """``resume=True``: the arguments may change only what a resume may change
+    (:data:`~tracerl.config.resume_rule.RESUME_MUTABLE`: steps, evaluation, logging, checkpoint cadence,
+    the machine), the rule ``tracerl train --resume`` applies; compared as data, nothing the folder
+    names is imported. Returns ``config`` (its mutable changes are what the run continues with)."""
     folder = latest_checkpoint(run_dir)
     source = (folder if folder is not None else run_dir) / "config.yaml"
     if not source.is_file():
         raise RunFolderError(f"{run_dir} has no checkpoint and no config.yaml: not a tracerl run folder")
     saved = parse_yaml(read_limited(source, MAX_CONFIG_BYTES, "config file").decode("utf-8"), source)
-    given = to_dict(config)
-    for key in ("steps", "dist"):
-        saved.pop(key, None)
-        given.pop(key, None)
-    differs = _first_difference(saved, given)
-    if differs is not None:
-        name, was, now = differs
-        raise UserError(f"{run_dir} was started with {name} = {was!r} but this call gives {now!r}; resume with the "
-                        "same arguments, or start over with overwrite=True")
+    check_resume_changes(saved, to_dict(config), run_dir, "overwrite=True or another out")
     done = int(folder.name.removeprefix("ckpt-")) if folder is not None else 0
     if config.steps <= done:
         raise UserError(f"{run_dir} is already at step {done} and steps = {config.steps} asks for no more; pass "
                         f"steps above {done} to continue it, or overwrite=True to start over")
-
-
-def _first_difference(saved: Any, given: Any, prefix: str = "") -> tuple[str, Any, Any] | None:
-    """The first dotted field whose value differs between two config dicts (None: the same). A field
-    only one side has (a run saved by another tracerl version) is no difference."""
-    if isinstance(saved, dict) and isinstance(given, dict):
-        for key in [k for k in given if k in saved]:
-            found = _first_difference(saved.get(key), given.get(key), f"{prefix}{key}.")
-            if found is not None:
-                return found
-        return None
-    if isinstance(saved, (list, tuple)) and isinstance(given, (list, tuple)):
-        saved, given = list(saved), list(given)
-    return None if saved == given else (prefix.rstrip("."), saved, given)
-
-
-def clear_run_folder(run_dir: Path) -> None:
-    """``overwrite=True``: remove tracerl's entries of ``run_dir`` (its lock held meanwhile, so a
-    run in progress is never cleared); files of the user's own there stay."""
-    if not run_dir.is_dir():
-        return
-    lock = RunLock(run_dir)  # fails in one line when another process holds the folder
-    try:
-        for entry in run_entries(run_dir):
-            if entry.name == LOCK_FILE:
-                continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
-        (run_dir / "plot.png").unlink(missing_ok=True)
-    finally:
-        lock.release()
+    return config

@@ -82,7 +82,8 @@ class TaskData:
 def run_environment(documents: list[Document], data: DataConfig, engine: EngineConfig) -> ToolEnvironment:
     """``data.environment`` over ``documents`` plus ``data.tools`` (envs/environments.py): the one
     place a run's environment is built (training, and ``tracerl eval --run`` on other files)."""
-    settings = EnvSettings(data.search_top_k, env_config(engine, data.tool_timeout_s))
+    settings = EnvSettings(data.search_top_k, env_config(engine, data.tool_timeout_s),
+                           data.retriever_url, data.retriever_retries)
     try:
         return build_environment(data.environment, documents, settings, data.tools, data.isolate_tools)
     except RegistryError as err:
@@ -97,7 +98,9 @@ def _some(ids: list[str], shown: int = 5) -> str:
 def _read_files(data: DataConfig) -> tuple[list[Task], list[Task], list[Document]]:
     """(training tasks, held-out tasks, corpus) of ``files`` data, checked as a whole."""
     limits = {"max_line_bytes": data.max_line_bytes, "max_question_chars": data.max_question_chars}
-    tasks, docs = load_tasks(data.tasks, **limits), load_corpus(data.corpus, max_line_bytes=data.max_line_bytes)
+    tasks = load_tasks(data.tasks, **limits)
+    # http_search: the server holds the corpus; a given one is read for the tokenizer checks only
+    docs = load_corpus(data.corpus, max_line_bytes=data.max_line_bytes) if data.corpus else []
     if data.eval_tasks:
         held_out = load_tasks(data.eval_tasks, **limits)
         train_ids = {t.id for t in tasks}

@@ -116,7 +116,7 @@ def eval_run(run_dir: str | Path, *, tasks_path: str | None = None, corpus_path:
         raise ValueError("give both --tasks and --corpus, or neither (then the run's held-out data is used)")
     model, tokenizer, config, folder = load_run_policy(Path(run_dir), device, trust_code=trust_code)
     engine_config = replace(config.rollout.engine, temperature=temperature)
-    tasks, env = _run_data(config, engine_config, tasks_path, corpus_path)
+    tasks, env = _run_data(config, engine_config, tasks_path, corpus_path, tokenizer=tokenizer, run_dir=run_dir)
     fmt = get_format(config.model.format, tokenizer=tokenizer, system=config.model.system_prompt,
                      tool_list=config.model.tool_list)
     engine = RolloutEngine(HFPolicy(model, tokenizer), env, fmt, get_verifier(config.data.verifier), engine_config)
@@ -127,13 +127,20 @@ def eval_run(run_dir: str | Path, *, tasks_path: str | None = None, corpus_path:
 
 
 def _run_data(config: TrainConfig, engine_config: Any, tasks_path: str | None,
-              corpus_path: str | None) -> tuple[list[Any], Any]:
-    """The tasks and environment to evaluate on: given files, or the run's held-out split."""
+              corpus_path: str | None, *, tokenizer: Any = None,
+              run_dir: str | Path = "") -> tuple[list[Any], Any]:
+    """The tasks and environment to evaluate on: given files (refused when ``tokenizer`` cannot encode
+    their answers, as training refuses them), or the run's held-out split."""
     if tasks_path is not None and corpus_path is not None:
+        from tracerl.envs.coverage import check_eval_coverage
         from tracerl.envs.data import load_corpus, load_tasks
         from tracerl.train.data import run_environment
 
-        return load_tasks(tasks_path), run_environment(load_corpus(corpus_path), config.data, engine_config)
+        tasks, documents = load_tasks(tasks_path), load_corpus(corpus_path)
+        if tokenizer is not None:
+            check_eval_coverage(tokenizer, tasks, documents, who=f"the model of run {run_dir}", tasks_path=tasks_path,
+                                tiny=config.model.name_or_path == "tiny")
+        return tasks, run_environment(documents, config.data, engine_config)
     from tracerl.train.data import load_task_data
 
     data = load_task_data(config.data, engine_config, config.seed)

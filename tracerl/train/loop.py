@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -37,8 +38,9 @@ from tracerl.runs.trace_metrics import TraceMetrics
 from tracerl.config.loading import ConfigError
 from tracerl.config.schema import TrainConfig
 from tracerl.train.data import load_task_data, take_pool
-from tracerl.runs.divergence import DivergenceMonitor, step_signals
+from tracerl.runs.divergence import DivergenceError, DivergenceMonitor, DivergenceRollback, step_signals
 from tracerl.runs.metrics import MetricsLog
+from tracerl.rollout.progress import step_progress
 from tracerl.runs.rollout_log import RolloutLog
 from tracerl.runs.state import INITIAL, NonFiniteTrainingError, RunLifecycle  # noqa: F401 - INITIAL re-exported
 from tracerl.train.update import policy_update, update_settings, with_trainer_logprobs
@@ -74,6 +76,9 @@ class Trainer(RunLifecycle):
 
     The run folder's lifecycle (claim and lock, ``initial/``, :meth:`save`, resume, :meth:`close`)
     is inherited from :class:`~tracerl.runs.state.RunLifecycle`."""
+
+    show_progress = False
+    """Print the rollout phase's status line (:mod:`tracerl.rollout.progress`); the console sets it."""
 
     def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False,
                  echo: Callable[[str], None] | None = None,
@@ -136,7 +141,8 @@ class Trainer(RunLifecycle):
         self.scheme = get_scheme(cfg.rollout.scheme, cfg.rollout.schemes, self.predictor,
                                  self.reference is not None and cfg.algo.credit)
         recompute = cfg.optim.recompute_old_logprobs
-        self.recompute_old_logprobs = recompute == "always" or (recompute == "auto" and cfg.model.backend != "hf")
+        other_sampler = cfg.model.backend != "hf" or cfg.model.generation_dtype != "auto"  # vLLM, or the bf16 copy
+        self.recompute_old_logprobs = recompute == "always" or (recompute == "auto" and other_sampler)
         self.estimator = get_estimator(cfg.algo.estimator)
         o = cfg.optim
         # AdamW over float32 master weights (only the adapters under LoRA); its state is float32 too.
@@ -158,6 +164,8 @@ class Trainer(RunLifecycle):
         self.nonfinite = {"streak": 0, "total": 0}
         self.tool_health = ToolHealth(cfg.data.max_failed_tool_steps)
         self.divergence = DivergenceMonitor(cfg.optim.divergence, vocab_size=len(self.tokenizer))
+        self.rolled_back: dict[str, Any] | None = None
+        """Set when the divergence guard rolled the run back (``optim.divergence.mode=rollback``)."""
         self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, config=cfg)
         self.rollout_log = RolloutLog(self.run_dir, self.tasks, enabled=cfg.log.rollouts,
                                       decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
@@ -179,7 +187,7 @@ class Trainer(RunLifecycle):
         # Every generate row's seed derives from (run seed, step, tree, node, branch, turn); the
         # backend holds the weights of step_index optimiser steps (the version the requests ask for).
         session = RolloutSession(self.executor, derive_seed(cfg.seed, "step", self.step_index), self.step_index)
-        with self._compute():
+        with self._compute(), step_progress(cfg.rollout.budget, show=self.show_progress):  # status line (console only)
             result = self.scheme.collect(session, pool, cfg.rollout.budget, self.generator)
         tools = sum((ToolStats(**r) for r in session.tool_stats), ToolStats())  # read off the results
         self.tool_health.observe(tools)  # stops a run one of whose tools fails every call
@@ -326,10 +334,36 @@ class Trainer(RunLifecycle):
             self.echo(record)
             records.append(record)
             self._stop_if_nonfinite_streak()
-            self.divergence.observe(record, self._last_good)  # stops (or warns) when training collapsed
+            try:
+                self.divergence.observe(record, self._last_good)  # stops (or warns) when training collapsed
+            except DivergenceRollback as diverged:
+                self._roll_back(diverged)
+                break
             if self.step_index % self.config.log.checkpoint_every == 0 or last:
                 self.save()
         return records
+
+    def _roll_back(self, diverged: DivergenceRollback) -> None:
+        """Restore the newest checkpoint written before the divergence began and end the run
+        there; the later records and checkpoints are kept aside (runs/rollback.py)."""
+        from tracerl.runs.rollback import good_checkpoint, set_aside
+
+        fired_at = self.step_index
+        good = good_checkpoint(self.run_dir, diverged.onset)
+        if good is None:
+            raise DivergenceError(f"{diverged}. It began at step {diverged.onset} and no checkpoint of step "
+                                  f"{max(diverged.onset - 2, 0)} or before is left to roll back to; lower optim.lr "
+                                  "or checkpoint more often (log.checkpoint_every, log.keep_last)")
+        aside = set_aside(self.run_dir, good, fired_at)
+        self._restore(good)
+        self.rolled_back = {"fired_at": fired_at, "onset": diverged.onset, "to_step": self.step_index,
+                            "checkpoint": str(good), "set_aside": str(aside), "why": str(diverged)}
+        self.echo_line(f"{diverged}; rolled back to {good.name} (step {self.step_index}) and stopped there; the "
+                       f"records of steps {self.step_index + 1}..{fired_at} are in {aside}")
+
+    def echo_line(self, line: str) -> None:
+        """A line for the person watching (stderr; the demo shows it on its console)."""
+        print(line, file=sys.stderr, flush=True)
 
     def _evaluate_at_start(self) -> dict[str, Any]:
         """A step-0 record with the initial policy's held-out accuracy (``eval.at_start``): the first
@@ -362,7 +396,7 @@ class Trainer(RunLifecycle):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.close(discard=self.discards_after(exc[1] if isinstance(exc[1], BaseException) else None))
 
 
 def prepare_policy(model: Any, config: TrainConfig) -> Any:

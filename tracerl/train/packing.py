@@ -22,6 +22,12 @@ little (chains of one prompt) gain little.
 
 Only nodes the loss reads go through the LM head: a token that some leaf trains (sampled).
 Needs an attention implementation that takes custom 4D masks (``sdpa``, ``eager``).
+
+``optim.packed_attention = 'flex'`` (:func:`flex_packed_logprobs`) runs the same rule through
+``flex_attention`` with a block mask instead: no P x P tensor, masked tiles skipped, so the
+quadratic row rule is dropped (a row still stops at ``row_cap`` tokens). CUDA only for training
+(torch has no FlexAttention backward on CPU); its forward runs on CPU, where tests compare it with
+the dense path.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from torch import Tensor
 from tracerl.models.heads import chunked_head_logprobs, logit_transform, split_head
 from tracerl.models.prefix_scoring import MASKABLE_ATTENTION, tree_attention_mask
 from tracerl.models.scoring_plan import trie_rows
+from tracerl.train.flex_packing import flex_scope, tree_block_mask
 
 PACK_ROW_TOKENS = 4096
 """Tokens of one packed row (a longer sequence gets a row of its own). A row's mask is P x P
@@ -65,14 +72,16 @@ class PackedTrees:
 
 
 def pack_trees(sequences: Sequence[Sequence[int]], trained: Sequence[Sequence[bool]], pad_id: int,
-               device: str | torch.device = "cpu", row_cap: int = PACK_ROW_TOKENS) -> PackedTrees:
+               device: str | torch.device = "cpu", row_cap: int = PACK_ROW_TOKENS,
+               quadratic: bool = True) -> PackedTrees:
     """Lay ``sequences`` out as trie rows; ``trained[b][t]`` marks the positions whose log-prob the
     loss reads (the sampled tokens). ``gather`` is ``[B, max length]``, aligned with
-    :func:`~tracerl.train.update.pad_trajectories`. Built on the CPU, moved to ``device`` once."""
+    :func:`~tracerl.train.update.pad_trajectories`. Built on the CPU, moved to ``device`` once.
+    ``quadratic``: the dense mask's row rule (module docstring); off for ``flex`` attention."""
     if not sequences:
         raise ValueError("pack_trees needs at least one sequence")
     longest = max(len(s) for s in sequences)
-    rows, placed = trie_rows(sequences, max(row_cap, longest), quadratic=True)
+    rows, placed = trie_rows(sequences, max(row_cap, longest), quadratic=quadratic)
     width = max(len(r.tokens) for r in rows)
     size = (len(rows), width)
     ids = torch.full(size, pad_id, dtype=torch.long)
@@ -109,11 +118,17 @@ def packable(model: Any) -> bool:
     return (getattr(config, "_attn_implementation", None) or "eager") in MASKABLE_ATTENTION
 
 
-def packed_token_logprobs(model: Any, packed: PackedTrees, temperature: float, chunk: int) -> Tensor:
-    """:func:`local_packed_logprobs`, through the model's FSDP forward method when it is sharded."""
+def packed_token_logprobs(model: Any, packed: PackedTrees, temperature: float, chunk: int,
+                          attention: str = "dense") -> Tensor:
+    """:func:`local_packed_logprobs`, through the model's FSDP forward method when it is sharded;
+    ``attention = 'flex'``: :func:`flex_packed_logprobs` (unsharded only)."""
     args = (packed.input_ids, packed.position_ids, packed.end, packed.sources, packed.targets, packed.gather,
             temperature, chunk)
     sharded = getattr(model, FSDP_PACKED_LOGPROBS, None)
+    if attention == "flex":
+        if sharded is not None:
+            raise ValueError("optim.packed_attention = 'flex' does not run with a sharded model (dist); use 'dense'")
+        return flex_packed_logprobs(model, *args)
     if sharded is not None:
         return sharded(*args)
     return local_packed_logprobs(model, *args)
@@ -137,6 +152,26 @@ def local_packed_logprobs(model: Any, input_ids: Tensor, position_ids: Tensor, e
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 to score log-probs, got {temperature}")
     mask = tree_attention_mask(end, _mask_dtype(input_ids.device, model))
+    return masked_logprobs(model, mask, input_ids, position_ids, sources, targets, gather, temperature, chunk)
+
+
+def flex_packed_logprobs(model: Any, input_ids: Tensor, position_ids: Tensor, end: Tensor, sources: Tensor,
+                         targets: Tensor, gather: Tensor, temperature: float, chunk: int) -> Tensor:
+    """:func:`local_packed_logprobs` with the tree rule as a block mask (:mod:`tracerl.train.flex_packing`)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 to score log-probs, got {temperature}")
+    if torch.is_grad_enabled() and input_ids.device.type != "cuda":
+        raise ValueError(f"optim.packed_attention = 'flex' needs CUDA to train (got {input_ids.device.type!r}): torch "
+                         "has no FlexAttention backward on CPU; use optim.packed_attention = 'dense'")
+    with flex_scope(model):
+        return masked_logprobs(model, tree_block_mask(end), input_ids, position_ids, sources, targets, gather,
+                               temperature, chunk)
+
+
+def masked_logprobs(model: Any, mask: Any, input_ids: Tensor, position_ids: Tensor, sources: Tensor,
+                    targets: Tensor, gather: Tensor, temperature: float, chunk: int) -> Tensor:
+    """The packed forward and the needed nodes' log-probs under ``mask`` (a 4D float mask, or a
+    ``BlockMask`` when the model's attention is flex)."""
     split = split_head(model)
     if split is None:
         logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).logits

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.config.schema import TrainConfig, resolve_config
-from tracerl.config.checks import check_model_source
+from tracerl.config.checks import check_model_source, check_wandb
 from tracerl.core.types import Task
 from tracerl.envs.data import Document
 from tracerl.envs.health import check_reachability
@@ -36,6 +36,7 @@ def checked_config(preset: str, *, config_file: str | Path | None = None, overri
     :func:`~tracerl.config.schema.resolve_config` (the pretrained smoke model must be able to serve the run).
     """
     config = resolve_config(preset, config_file=config_file, overrides=overrides, smoke=smoke)
+    check_wandb(config)  # a missing W&B key fails here in one line, not in wandb.init after the folder exists
     notes: list[str] = []
     smoke_model = smoke is True or smoke == "pretrained"
     if config.data.source == "files":
@@ -63,7 +64,7 @@ def check_tiny_coverage(config: TrainConfig, tasks: list[Task], documents: list[
         # what to do first: the CLI cuts a long line at 400 characters
         raise UserError("model.name_or_path = 'tiny' (the embedded model, built for SynthWiki) cannot read this data "
                         "(nothing was pretrained); set model.name_or_path to a model folder whose tokenizer covers it "
-                        f"(a byte-level BPE model, as in the README's own-data section): {err}") from None
+                        f"(a byte-level BPE model, as in docs/own-data.md): {err}") from None
 
 
 def tiny_tokenizer(preset: str) -> Any:

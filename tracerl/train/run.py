@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
+from tracerl.config.no_import import import_paths
+from tracerl.envs.health import ToolHealthError
+from tracerl.envs.verifiers import VerifierError
 from tracerl.errors import UserError
 from tracerl.runs.checkpoint import latest_checkpoint
-from tracerl.config.checks import check_device
+from tracerl.config.checks import check_device, check_wandb
+from tracerl.config.loading import ConfigError, from_dict, load_yaml, merge, parse_override, to_dict
+from tracerl.config.preset_help import unknown_preset
+from tracerl.config.presets import PRESETS
+from tracerl.config.resume_rule import check_resume_changes
 from tracerl.config.schema import TrainConfig, resolve_config
 from tracerl.config.dist import check_dist
 from tracerl.config.model_format import format_reason
 from tracerl.train.loop import Trainer
 from tracerl.runs.console import footer, header, progress_line, terminal_width
-from tracerl.runs.run_config import read_run_config
+from tracerl.runs.run_config import TRUST_FLAG, read_run_config
 from tracerl.runs.folder import RunFolderError, check_run_folder, refuse_if_state
 
 
@@ -55,20 +65,25 @@ def start_training(preset: str, out: str | Path, *, config_file: str | None = No
 def resume_training(run_dir: str | Path, steps: int | None = None, device: str | None = None,
                     notify: Callable[[str], None] | None = None,
                     nproc: int | None = None, trust_code: bool = False,
-                    start_driver: Callable[[Trainer], Any] | None = None) -> Callable[[], list[dict[str, Any]]]:
+                    start_driver: Callable[[Trainer], Any] | None = None, *, preset: str | None = None,
+                    config_file: str | None = None,
+                    overrides: Sequence[str] = ()) -> Callable[[], list[dict[str, Any]]]:
     """Continue a run from its newest checkpoint with the config it was started with.
 
-    A run killed before its first checkpoint has only ``config.yaml`` (and partial state): it
-    restarts from step 0 with that config, which is what a fresh start would do. A fresh start
-    on such a folder is refused, so nothing is reused or overwritten without ``--resume``.
-    A target at or below the checkpoint's step is refused in one line; ``notify`` (default:
-    stderr) is told which checkpoint was loaded.
+    ``preset``, ``config_file`` and ``overrides`` (``--set``) may change only what a resume may
+    change (:mod:`tracerl.config.resume_rule`); anything else is refused in one line naming each
+    key with the run's value and the given one. A run killed before its first checkpoint has only
+    ``config.yaml`` (and partial state): it restarts from step 0 with that config, which is what a
+    fresh start would do. A fresh start on such a folder is refused, so nothing is reused or
+    overwritten without ``--resume``. A target at or below the checkpoint's step is refused in one
+    line; ``notify`` (default: stderr) is told which checkpoint was loaded and what changed.
     """
     notify = notify or _stderr
     run_dir = Path(run_dir)
     check_run_folder(run_dir)
     folder = latest_checkpoint(run_dir)
-    config = run_folder_config(run_dir, trust_code=trust_code)  # imports no plug-in the user did not trust
+    config, changed = resumed_config(run_dir, preset=preset, config_file=config_file, overrides=overrides,
+                                     trust_code=trust_code)  # imports no plug-in the user did not trust
     if nproc is not None:  # a run saved by N processes resumes at any count (its shards are in DCP)
         config.dist.nproc = nproc
         check_dist(config)
@@ -82,10 +97,35 @@ def resume_training(run_dir: str | Path, steps: int | None = None, device: str |
     if device is not None:  # e.g. a run started on cuda:1 continues on a machine with one GPU
         config.model.device = device
     check_device(config.model.device)
+    check_wandb(config)  # before the run folder is touched
     trainer = Trainer(config, run_dir, resume=True, start_driver=start_driver)
     loaded = f"from {folder} (step {done})" if folder is not None else "with no checkpoint yet: from step 0"
-    notify(f"resuming {run_dir} {loaded} to step {config.steps}")
+    applied = f", with {', '.join(changed)} changed" if changed else ""
+    notify(f"resuming {run_dir} {loaded} to step {config.steps}{applied}")
     return lambda: _run(trainer, config.steps)
+
+
+def resumed_config(run_dir: Path, *, preset: str | None = None, config_file: str | None = None,
+                   overrides: Sequence[str] = (), trust_code: bool = False) -> tuple[TrainConfig, list[str]]:
+    """The config a resume continues with and the keys the call changes: the run's own
+    (:func:`run_folder_config`) with ``preset``, the ``config_file`` YAML and ``overrides`` laid over
+    it, checked field by field as a fresh start is, then refused outside
+    :data:`~tracerl.config.resume_rule.RESUME_MUTABLE` (one line naming each key and both values)."""
+    saved = run_folder_config(run_dir, trust_code=trust_code)
+    if not preset and not config_file and not overrides:
+        return saved, []
+    data = to_dict(saved)
+    if preset:
+        data = merge(data, {"preset": preset})
+    if config_file:
+        data = merge(data, load_yaml(config_file))
+    for text in overrides:
+        data = merge(data, parse_override(text))
+    if preset and preset not in PRESETS:
+        raise ConfigError(unknown_preset(preset))
+    given = from_dict(TrainConfig, data)  # a bad value is named as on a fresh start
+    changed = check_resume_changes(to_dict(saved), to_dict(given), run_dir, "--out NEW_RUN_DIR")
+    return given, changed
 
 
 def run_folder_config(run_dir: Path, *, trust_code: bool = False) -> TrainConfig:
@@ -95,6 +135,10 @@ def run_folder_config(run_dir: Path, *, trust_code: bool = False) -> TrainConfig
     source = (folder if folder is not None else run_dir) / "config.yaml"
     if not source.is_file():
         raise RunFolderError(f"{run_dir} has no checkpoint and no config.yaml: not a tracerl run folder")
+    if folder is not None:
+        from tracerl.runs.model_identity import check_same_model
+
+        check_same_model(run_dir, folder)  # an edited preset, model or tiny_preset: one line
     return read_run_config(source, trust_code=trust_code)
 
 
@@ -108,9 +152,40 @@ def _stderr(line: str) -> None:
 
 
 def _run(trainer: Trainer, steps: int) -> list[dict[str, Any]]:
-    """Train to ``steps`` between a header and a footer, one progress line per step (runs/console.py)."""
+    """Train to ``steps`` between a header and a footer, one progress line per step (runs/console.py).
+    Ctrl-C prints one line on stderr (:func:`interrupted_line`) and propagates (exit 130)."""
     with trainer:  # releases the run folder's lock however the run ends
-        return console_run(trainer, steps, lambda: trainer.run(steps))
+        try:
+            return console_run(trainer, steps, lambda: trainer.run(steps))
+        except KeyboardInterrupt:
+            _stderr(interrupted_line(trainer, steps))
+            raise
+
+
+def interrupted_line(trainer: Trainer, steps: int) -> str:
+    """What Ctrl-C leaves: the step reached, the checkpoint a resume continues from, the exact command."""
+    command = f"tracerl train --resume {shlex.quote(str(trainer.run_dir))}"
+    if import_paths(to_dict(trainer.config)):
+        command += f" {TRUST_FLAG}"  # its plug-ins were trusted to start it; a resume asks again
+    return (f"interrupted after step {trainer.step_index} of {steps}; {resume_point(trainer.run_dir)}; "
+            f"continue with: {command}")
+
+
+def resume_point(run_dir: Path) -> str:
+    """Where a resume of ``run_dir`` continues from, read off the folder (not assumed)."""
+    folder = latest_checkpoint(run_dir)
+    if folder is None:
+        return "no checkpoint was written yet, so a resume starts over from step 0"
+    return f"the last checkpoint is {folder} (step {checkpoint_step(folder)}), where a resume continues"
+
+
+@contextmanager
+def truthful_stop(trainer: Trainer) -> Iterator[None]:
+    """A run stopped by a failing tool or verifier: its one line ends with :func:`resume_point`."""
+    try:
+        yield
+    except (ToolHealthError, VerifierError) as err:
+        raise type(err)(f"{err}; {resume_point(trainer.run_dir)}") from err
 
 
 def console_run(trainer: Trainer, steps: int, train: Callable[[], list[dict[str, Any]]],
@@ -133,11 +208,12 @@ def console_run(trainer: Trainer, steps: int, train: Callable[[], list[dict[str,
         done = int(record["step"]) - first
         write(progress_line(record, steps, time.perf_counter() - start, done, width))
 
-    trainer.echo = show
+    trainer.echo, trainer.show_progress = show, True  # the rollout phase's status line too
     try:
-        records = train()
+        with truthful_stop(trainer):
+            records = train()
     finally:
-        trainer.echo = echo
+        trainer.echo, trainer.show_progress = echo, False
     plot = write_plot(trainer) if records else None
     write(footer(records, latest_checkpoint(trainer.run_dir), width=width, plot=plot))
     return records

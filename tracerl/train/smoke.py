@@ -38,7 +38,7 @@ def check_smoke_serves(config: TrainConfig) -> None:
     why = ""
     if config.model.format != "react":
         why = f"model.format = {config.model.format!r}: it was pretrained on the react format only"
-    elif config.data.environment != "search":
+    elif config.data.environment not in ("search", "http_search"):  # http_search: the same two tools
         why = f"data.environment = {config.data.environment!r}: it knows only the search environment's tools"
     elif config.data.tools:
         why = f"data.tools = {config.data.tools!r}: its vocabulary has only the search and open tools"
@@ -53,8 +53,9 @@ def _check_data_coverage(config: TrainConfig) -> None:
     from tracerl.train.data import load_task_data
 
     data = load_task_data(config.data, config.rollout.engine, config.seed)
+    tokenizer = _smoke_tokenizer()  # a damaged shipped model is its own error (reinstall), not a --smoke-random case
     try:
-        check_tokenizer_coverage(_smoke_tokenizer(), data.train + data.held_out, data.documents, seed=config.seed)
+        check_tokenizer_coverage(tokenizer, data.train + data.held_out, data.documents, seed=config.seed)
     except UserError as err:
         # the hint first: the CLI cuts a long line at 400 characters
         raise UserError(f"--smoke: the smoke-pretrained tiny model cannot read this data, {RANDOM_HINT}: {err}") from None

@@ -143,6 +143,8 @@ class UpdateSettings:
     tree_packing: str = "never"
     """``always``: each micro-batch's trees forward once, packed (:mod:`tracerl.train.packing`);
     ``auto``: packed when the model's attention takes a tree mask; ``never``: every sequence alone."""
+    packed_attention: str = "dense"
+    """``optim.packed_attention``: the packed forward's dense 4D mask, or ``flex`` (:mod:`tracerl.train.flex_packing`)."""
 
 
 TREE_PACKING_OFF_SCHEMES = ("chain", "dapo")
@@ -159,7 +161,7 @@ def uses_packing(model: Any, settings: UpdateSettings) -> bool:
     """Whether this update packs trees; ``always`` with an attention that ignores 4D masks is an error."""
     if settings.tree_packing == "never":
         return False
-    if packable(model):
+    if packable(model) or settings.packed_attention == "flex":  # flex swaps the attention in itself
         return True
     if settings.tree_packing == "always":
         impl = getattr(model.config, "_attn_implementation", None)
@@ -176,7 +178,8 @@ def update_settings(cfg: TrainConfig) -> UpdateSettings:
     low, high = (algo.gspo_clip_low, algo.gspo_clip_high) if gspo else (o.clip_low, o.clip_high)
     return UpdateSettings(o.micro_batch_size, cfg.rollout.engine.temperature, low, high, o.kl_coef, o.loss_agg,
                           o.grad_clip, dtype=cfg.model.dtype, policy_loss=algo.policy_loss,
-                          tree_packing=resolve_tree_packing(o.tree_packing, cfg.rollout.scheme))
+                          tree_packing=resolve_tree_packing(o.tree_packing, cfg.rollout.scheme),
+                          packed_attention=o.packed_attention)
 
 
 def _reference_parts(reference: Any) -> tuple[Any, Callable[[], ContextManager[Any]]]:
@@ -220,9 +223,10 @@ def policy_update(
     for chunk in chunks:
         rows = [trajectories[i] for i in chunk]
         batch = pad_trajectories(rows, [advantages[i] for i in chunk], pad_id, device)
-        packed = pack_rows(rows, pad_id, device) if packing else None
-        loss, stats = _micro_batch_loss(model, batch, settings, normaliser, reference, packed)
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        packed = pack_rows(rows, pad_id, device, settings.packed_attention) if packing else None
+        with packed_scope(model, settings, packed):  # flex: forward and (re-computing) backward alike
+            loss, stats = _micro_batch_loss(model, batch, settings, normaliser, reference, packed)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
         sums += torch.cat([loss.detach()[None], stats])
         tokens = count_tokens(rows, packed)
         forwarded, unique = forwarded + tokens[0], unique + tokens[1]
@@ -287,7 +291,7 @@ def _trainer_logprobs(model: Any, trajectories: Sequence[Trajectory], settings: 
         rows = order[start : start + settings.micro_batch_size]
         part = [trajectories[i] for i in rows]
         batch = pad_trajectories(part, [torch.zeros(len(t.token_ids)) for t in part], pad_id, device)
-        packed = pack_rows(part, pad_id, device) if packing else None
+        packed = pack_rows(part, pad_id, device, settings.packed_attention) if packing else None
         with compute_context(batch.input_ids.device, settings.dtype):
             logprobs = batch_logprobs(model, batch, packed, settings)
         gap = (logprobs - batch.old_logprobs).abs() * batch.loss_mask
@@ -310,9 +314,21 @@ def _replace_logprobs(trajectory: Trajectory, logprobs: list[float]) -> Trajecto
     return dataclasses.replace(trajectory, turns=turns)
 
 
-def pack_rows(trajectories: Sequence[Trajectory], pad_id: int, device: str | torch.device) -> PackedTrees:
-    """One micro-batch's trajectories packed as trees, their sampled tokens marked for the loss."""
-    return pack_trees([t.token_ids for t in trajectories], [t.sampled for t in trajectories], pad_id, device)
+def pack_rows(trajectories: Sequence[Trajectory], pad_id: int, device: str | torch.device,
+              attention: str = "dense") -> PackedTrees:
+    """One micro-batch's trajectories packed as trees, their sampled tokens marked for the loss
+    (the dense mask's quadratic row rule only for ``attention = 'dense'``)."""
+    return pack_trees([t.token_ids for t in trajectories], [t.sampled for t in trajectories], pad_id, device,
+                      quadratic=attention == "dense")
+
+
+def packed_scope(model: Any, settings: UpdateSettings, packed: PackedTrees | None) -> ContextManager[Any]:
+    """:func:`~tracerl.train.flex_packing.flex_scope` for a flex-packed micro-batch, else nothing."""
+    if packed is None or settings.packed_attention != "flex":
+        return contextlib.nullcontext()
+    from tracerl.train.flex_packing import flex_scope
+
+    return flex_scope(model)
 
 
 def count_tokens(rows: Sequence[Trajectory], packed: PackedTrees | None) -> tuple[int, int]:
@@ -331,7 +347,8 @@ def order_key(trajectory: Trajectory, packing: bool) -> Any:
 def batch_logprobs(model: Any, batch: PaddedBatch, packed: PackedTrees | None, settings: UpdateSettings) -> Tensor:
     """[B, L] log-probs of the batch's tokens: one packed tree forward, or the padded rows."""
     if packed is not None:
-        return packed_token_logprobs(model, packed, settings.temperature, settings.logprob_chunk)
+        return packed_token_logprobs(model, packed, settings.temperature, settings.logprob_chunk,
+                                     settings.packed_attention)
     return token_logprobs(model, batch.input_ids, batch.attention_mask, settings.temperature, settings.logprob_chunk)
 
 

@@ -15,6 +15,7 @@ skill. Held-out accuracy (the first two panels) is the comparison.
 
 from __future__ import annotations
 
+import io
 import itertools
 from pathlib import Path
 from typing import Any, Sequence
@@ -25,6 +26,7 @@ matplotlib.use("Agg")  # files only: works on machines without a display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
+from tracerl.atomic import write_atomic  # noqa: E402
 from tracerl.runs.metrics import read_metrics  # noqa: E402
 
 _SUFFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
@@ -78,6 +80,26 @@ def _with_costs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for r, t, n in zip(records, tokens, rollouts, strict=True)]
 
 
+def final_point(records: list[dict[str, Any]], final: dict[str, Any]) -> dict[str, float] | None:
+    """Where ``final`` goes on the accuracy panels: the cumulative tokens and rollouts of the
+    record of its step (records from :func:`_with_costs`); None when no record has that step."""
+    match = [r for r in records if r["step"] == final["step"]]
+    if not match:
+        return None
+    return {"tokens": match[-1]["tokens"], "cum_rollouts": match[-1]["cum_rollouts"],
+            "eval_accuracy": float(final["eval_accuracy"])}
+
+
+def _draw_final(axes: list[Any], records: list[dict[str, Any]], final: dict[str, Any]) -> None:
+    point = final_point(records, final)
+    if point is None:
+        return
+    for ax, (x_key, y_key, *_rest) in zip(axes, PANELS, strict=False):
+        if y_key == "eval_accuracy":
+            ax.plot([point[x_key]], [point[y_key]], marker="*", markersize=14, linestyle="none", color="black",
+                    label=str(final.get("label", "final evaluation")))
+
+
 PANELS = (  # (x key, y key, x label, y label, title)
     ("tokens", "eval_accuracy", "generated tokens (cumulative)", "held-out accuracy", "Accuracy vs tokens"),
     ("cum_rollouts", "eval_accuracy", "continuation rollouts (cumulative)", "held-out accuracy", "Accuracy vs rollouts"),
@@ -90,22 +112,42 @@ PANELS = (  # (x key, y key, x label, y label, title)
 )
 
 
-def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None, smooth: float = 0.0) -> Path:
-    """Write the six panels (module docstring) for ``run_dirs`` to the PNG ``out``; returns it."""
+def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None, smooth: float = 0.0,
+              finals: Sequence[dict[str, Any] | None] | None = None) -> Path:
+    """Write the six panels (module docstring) for ``run_dirs`` to the PNG ``out``; returns it.
+
+    ``finals``: per run, an evaluation made after training (``{"step", "eval_accuracy", "label"}``,
+    e.g. the demo's on more questions than the periodic ones), drawn as a star on the accuracy
+    panels at the cost that run had spent by that step; None for a run without one."""
     if not run_dirs:
         raise ValueError("plot_runs needs at least one run folder")
     if not 0.0 <= smooth < 1.0:
         raise ValueError(f"--smooth must be in [0, 1) (0: raw curves; 0.6 is mild), got {smooth}")
+    if finals is not None and len(finals) != len(run_dirs):
+        raise ValueError(f"finals: {len(finals)} given for {len(run_dirs)} run folders; give one (or None) per run")
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"labels: {len(labels)} given for {len(run_dirs)} run folders; give one per run")
-    labels = labels or [Path(d).name for d in run_dirs]
+    fig = figure(run_dirs, labels or [Path(d).name for d in run_dirs], smooth, finals or [None] * len(run_dirs))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    image = io.BytesIO()  # rendered whole, then written atomically: a full disk leaves the old file
+    fig.savefig(image, dpi=110, format=out.suffix.lstrip(".").lower() or "png")
+    plt.close(fig)
+    write_atomic(out, image.getvalue())
+    return out
+
+
+def figure(run_dirs: list[Path], labels: list[str], smooth: float, finals: Sequence[dict[str, Any] | None]) -> Any:
+    """The matplotlib figure of :func:`plot_runs` (arguments checked there)."""
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     flat = list(axes.flat)
-    for run_dir, label in zip(run_dirs, labels, strict=True):
+    for run_dir, label, final in zip(run_dirs, labels, finals, strict=True):
         records = _with_costs(read_metrics(Path(run_dir)))
         for ax, (x_key, y_key, *_rest) in zip(flat, PANELS, strict=True):
             marker = "o" if y_key == "eval_accuracy" else ""
             _draw(ax, *_series(records, x_key, y_key), label=label, smooth=smooth, marker=marker)
+        if final is not None:
+            _draw_final(flat, records, final)
     for ax, (x_key, y_key, x_label, y_label, title) in zip(flat, PANELS, strict=True):
         ax.set(xlabel=x_label, ylabel=y_label, title=title)
         ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
@@ -118,8 +160,4 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None, 
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return fig

@@ -113,6 +113,11 @@ def _opt_int(value: Any, where: str) -> int | None:
 def _str(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise _Bad(where, f"expected a string, got {_kind(value)}")
+    try:  # JSON's "\\ud800" decodes to a lone surrogate: no character, and the page's UTF-8 write fails on it
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise _Bad(where, f"holds a lone surrogate (U+{ord(value[err.start]):04X} at character {err.start}), "
+                          "not text") from None
     return value
 
 

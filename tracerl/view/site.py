@@ -23,7 +23,7 @@ from typing import Any
 from tracerl.errors import UserError
 from tracerl.runs.metrics import METRICS_FILE, parse_metrics
 from tracerl.runs.rollout_log import ROLLOUTS_DIR, logged_steps, refuse_link, step_file
-from tracerl.runs.folder import remove_stale_temps, temp_path, write_atomic
+from tracerl.runs.folder import remove_stale_temps, write_atomic
 from tracerl.view.html import index_page, step_page
 from tracerl.view.records import load_step
 
@@ -74,7 +74,7 @@ def output_folder(run_dir: Path, out: str | Path | None) -> Path:
     for link in _links_below(run_dir, out_dir):
         refuse_link(link, "tracerl view writes its pages")
     out_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out_dir, holding_lock=False)  # only those whose writer died
+    remove_stale_temps(out_dir, holding_lock=False)  # tracerl's own, and only those whose writer died
     return out_dir
 
 
@@ -93,9 +93,7 @@ def _links_below(run_dir: Path, out_dir: Path) -> list[Path]:
 
 
 def write_page(path: Path, html: str) -> None:
-    """Write one page atomically; a planted entry at the temporary name is removed first, so the
-    write never follows a link."""
-    temp_path(path).unlink(missing_ok=True)
+    """Write one page atomically (its temporary is created exclusively: never through a planted link)."""
     try:
         write_atomic(path, html.encode("utf-8"))
     except OSError as err:  # a full disk fails in write(), which names no file: name the page

@@ -41,6 +41,7 @@ def write_tracerl_config(path: Path) -> TrainConfig:
     for key in ("name_or_path", "tiny_preset"):  # the model is verl's actor_rollout_ref.model.path
         overlay["model"].pop(key)
     overlay.pop("steps")  # verl counts the steps
+    overlay.pop("optim")  # verl's actor trains (actor_rollout_ref.actor); the manager refuses tracerl optim settings
     path.write_text(yaml.safe_dump(overlay, sort_keys=False))
     return resolve_config("trace", config_file=str(path))
 

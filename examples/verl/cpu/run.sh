@@ -21,7 +21,7 @@ exec "${PYTHON:-python3}" -m verl.trainer.main_ppo \
   +actor_rollout_ref.model.override_config.attn_implementation=eager \
   actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.actor.use_torch_compile=False \
   actor_rollout_ref.actor.ppo_mini_batch_size=4 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
-  actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.optim.lr=1e-3 \
+  actor_rollout_ref.actor.optim.lr=1e-3 \
   +actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32 \
   +actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=fp32 \
   actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \

@@ -7,14 +7,18 @@
   the tree fields to the estimator;
 * :mod:`.hf_rollout`: ``tracerl_hf``, tracerl's HF backend as a verl rollout server (replica,
   server actor, weight-sync adapter);
-* :mod:`.plugin`: the ``verl.plugins`` entry point that registers all three on ``import verl``;
+* :mod:`.plugin`: the ``verl.plugins`` entry point (imported in every verl process): it imports
+  nothing heavy and registers all three when verl imports the registries they go into;
 * :mod:`.cpu`: verl on the CPU (a platform class and the few verl internals it adapts), loaded
   through ``VERL_USE_EXTERNAL_MODULES`` with ``VERL_PLATFORM=cpu``;
 * :mod:`.check`: the start-up check, because verl hides plug-in import errors;
 * :mod:`.registrations`: what verl's registries lack of tracerl's names (the trainer's refusal);
 * :mod:`.server_policy`: ``VerlServerPolicy``, a tracerl policy backend over verl's ``LLMServerClient``;
 * :mod:`.leaves`: tree leaves as TransferQueue samples, each with its own reward;
-* :mod:`.manager`: ``TraceAgentLoopManager``, TRACE as verl's ``agent_loop_manager_class``.
+* :mod:`.manager`: ``TraceAgentLoopManager``, TRACE as verl's ``agent_loop_manager_class``;
+* :mod:`.settings`: the manager's start-up checks (verl settings refused in one line, tracerl
+  settings verl's config owns: model path, tokenizer, optimiser) and its failure settings;
+* :mod:`.predictor_io`: the predictor's file in verl's checkpoint (read with ``weights_only``).
 
 This package's ``__init__`` imports nothing, so :mod:`.rows` stays usable without verl.
 """

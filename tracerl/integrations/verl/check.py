@@ -1,8 +1,9 @@
 """The start-up check: verl logs a plug-in's import error only at DEBUG level, so a missing or
 broken install would surface later as "Unknown advantage estimator". Call
 :func:`check_registrations` first; it fails with one line saying what is missing and how to
-install. It imports the plug-in to surface that hidden error, so none of the plug-in's modules
-imports this one (the trainer refuses through :mod:`.registrations`)."""
+install. It imports the plug-in's modules (the entry point registers them as verl imports its
+registries) to surface that hidden error, so none of them imports this one (the trainer refuses
+through :mod:`.registrations`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def check_registrations() -> None:
     if not missing:
         return
     try:
-        importlib.import_module("tracerl.integrations.verl.plugin")
+        for module in ("plugin", "estimators", "trainer"):
+            importlib.import_module(f"tracerl.integrations.verl.{module}")
         why = NOT_FOUND
     except Exception as err:  # the error verl logged at DEBUG level
         why = f"its import fails: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"

@@ -17,7 +17,7 @@ verl's v1 trainer drives rollout servers through three pieces, each provided her
 
 It runs wherever torch does (verl on the CPU: :mod:`.cpu`) and serves small models: one process,
 no paged KV cache, weights copied through Ray's object store each step. The plug-in registers it
-(:func:`register`) in verl's ``RolloutReplicaRegistry`` and its adapter table
+(:mod:`.plugin`, without importing this module until a run names it) in verl's ``RolloutReplicaRegistry`` and its adapter table
 (``verl.workers.rollout.base._ROLLOUT_REGISTRY``, keyed by ``(name, "async")``).
 """
 
@@ -33,9 +33,10 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from tracerl.integrations.verl.names import ROLLOUT_NAME
 from tracerl.models.backend import Generation, HFPolicy, SamplingParams
 
-NAME = "tracerl_hf"
+NAME = ROLLOUT_NAME
 """verl's ``actor_rollout_ref.rollout.name`` of this server."""
 SERVER_PREFIX = "tracerl_hf_server_"
 """Ray actor name of replica ``r``'s server: ``SERVER_PREFIX + str(r)`` (the adapter finds it by name)."""

@@ -14,11 +14,16 @@ Tree leaves do not go that way: each leaf is its own sample, key ``{uid}_{tree}_
   ``tracerl_sync`` trainer hands to the estimator;
 * tags as verl's: ``status``, lengths, ``global_steps`` and ``min/max_global_steps`` (the weights
   step the leaf was sampled under).
+
+A leaf of a failed tree (a request of it failed: :class:`~.server_policy.VerlServerPolicy`) is
+written as verl writes a padding row: its tokens, an all-zero ``response_mask``, reward 0, and
+tree fields that make it a tree of its own (id ``failed:{tree}:{leaf}``, no turns, ``infra_failed``),
+so its advantage is 0, it joins no group statistic and no token of it is trained.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,6 +34,26 @@ from tracerl.integrations.verl.rows import TREE_FIELDS, rows_from_trees
 OWN_FIELDS = ("prompts", "responses", "response_mask", "loss_mask", "input_ids", "attention_mask", "position_ids",
               "rollout_log_probs", "rm_scores", "uid", "num_turns", "extra_fields") + TREE_FIELDS
 """The fields a leaf sets itself (a prompt row's field of the same name is not copied)."""
+
+
+FAILED = "failed:"
+"""Tree id prefix of a failed tree's leaf in TransferQueue (module docstring)."""
+
+
+def mark_failed(trees: Sequence[RolloutTree], failed: Collection[str]) -> list[RolloutTree]:
+    """Every leaf of a tree in ``failed`` (tree ids) set ``infra_failed`` with reward 0; the other trees."""
+    for tree in trees:
+        if tree.tree_id in failed:
+            for traj in tree.trajectories.values():
+                traj.infra_failed, traj.reward = True, 0.0
+    return [tree for tree in trees if tree.tree_id not in failed]
+
+
+def _failed_leaf(field: dict[str, Any], tree_id: str, leaf: int) -> None:
+    for name in ("response_mask", "loss_mask", "rm_scores"):
+        field[name] = torch.zeros_like(field[name])
+    field.update({"tracerl_tree_id": f"{FAILED}{tree_id}:{leaf}", "tracerl_node_path": [0], "tracerl_turn_spans": [],
+                  "tracerl_readiness": None, "tracerl_reward": 0.0, "tracerl_infra_failed": True})
 
 
 def sequence_fields(prompt_ids: Sequence[int], response_ids: Sequence[int], mask: Sequence[int]) -> dict[str, Any]:
@@ -50,7 +75,7 @@ def num_turns(traj: Trajectory) -> int:
 
 def leaf_samples(
     trees: Sequence[RolloutTree], uid_of_task: Mapping[str, str], rows: Mapping[str, Mapping[str, Any]],
-    global_steps: int, version: int, *, session_per_leaf: bool = False,
+    global_steps: int, version: int, *, session_per_leaf: bool = False, failed: Collection[str] = (),
 ) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
     """Keys, fields and tags of every leaf of ``trees`` (module docstring).
 
@@ -65,6 +90,7 @@ def leaf_samples(
         uid_of_task: verl's prompt ``uid`` of each task id (the trees' ``task_id``).
         rows: each uid's prompt row (its other fields ride along, as verl's agent loop does).
         global_steps: the trainer step of the batch; ``version`` the weights step sampled under.
+        failed: ids of the trees whose leaves are written as failed (module docstring).
     """
     order = {tree.tree_id: j for j, tree in enumerate(trees)}
     table = rows_from_trees(trees)
@@ -89,6 +115,8 @@ def leaf_samples(
             "extra_fields": {"min_global_steps": version, "max_global_steps": version, "reward_extra_info": {}},
         })
         field.update({name: table.non_tensor[name][i] for name in TREE_FIELDS})
+        if traj.tree_id in failed:
+            _failed_leaf(field, traj.tree_id, leaf)
         if session_per_leaf:
             j = per_uid.setdefault(uid, 0)
             per_uid[uid] = j + 1

@@ -11,7 +11,9 @@ buffer until every prompt's tag says ``finished``; it trains on the samples whos
 2. plans with tracerl's TRACE scheme and success predictor (a :class:`RolloutSession` on a
    :class:`LocalExecutor` whose engine samples through :class:`VerlServerPolicy` over verl's
    ``LLMServerClient``: request id = tree id, per-row seeds, stop strings, log-probs, weights step
-   checked), spending exactly ``rollout.budget`` rollouts: the step's sample count;
+   checked), spending exactly ``rollout.budget`` rollouts: the step's sample count; a failed or
+   timed-out request fails its tree only (written as zero, counted in ``failed_trees``), and
+   ``max_failed_steps`` steps in a row with at least half the trees failed stop the run;
 3. scores readiness with the frozen HF reference in this process (``ReferenceScorer``: the
    initial policy), when TRACE credit is on;
 4. writes every leaf to TransferQueue with its own reward (:func:`~.leaves.leaf_samples`), marks
@@ -30,10 +32,8 @@ called by the ``tracerl_sync`` trainer).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -51,14 +51,17 @@ from tracerl.core.seeds import derive_seed
 from tracerl.core.types import RolloutTree, Task
 from tracerl.errors import UserError
 from tracerl.integrations.verl.check import check_registrations
-from tracerl.integrations.verl.leaves import leaf_samples
+from tracerl.integrations.verl.leaves import leaf_samples, mark_failed
+from tracerl.integrations.verl.predictor_io import PREDICTOR_FILE as PREDICTOR_FILE  # in global_step_{n}/
+from tracerl.integrations.verl.predictor_io import load_predictor_state, save_predictor_state
 from tracerl.integrations.verl.reference import VerlReference
 from tracerl.integrations.verl.server_policy import VerlServerPolicy
+from tracerl.integrations.verl.settings import READINESS as READINESS  # re-exported: callers import them here
+from tracerl.integrations.verl.settings import SERVERS as SERVERS
+from tracerl.integrations.verl.settings import check_model_path, check_optim, check_sampling, check_verl_config
+from tracerl.integrations.verl.settings import failure_settings, reference_model, verl_tokenizer
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
 from tracerl.rollout.executor import LocalExecutor
-
-PREDICTOR_FILE = "tracerl_predictor.pt"
-"""The predictor's state in a verl checkpoint folder (``global_step_{n}/``)."""
 
 
 @dataclass
@@ -147,77 +150,6 @@ def batch_rows(batch: Any) -> list[dict[str, Any]]:
     return rows
 
 
-READINESS = ("in_process", "reference_worker")
-"""Where the frozen reference scores readiness (``+tracerl.readiness``): an HF copy in this process,
-or verl's own reference worker (:mod:`.reference`)."""
-SERVERS = ("vllm", "tracerl_hf")
-"""verl rollout servers whose sampling parameters :class:`VerlServerPolicy` speaks (vLLM's names:
-``max_tokens``, ``include_stop_str_in_output``, ``seed``, ``logprobs``): vLLM's and tracerl's HF
-server (:mod:`.hf_rollout`). SGLang takes other names and passes unknown ones through unchecked,
-so it is refused rather than run with ignored stops."""
-
-
-def check_verl_config(config: Any) -> None:
-    """Refuse verl settings under which the verifier's rewards would not be the ones trained on,
-    the servers would not read tracerl's sampling parameters, or validation would run the whole
-    validation set in one call (one line each, naming the setting)."""
-    reward_model = config.get("reward", {}).get("reward_model", {})
-    if reward_model.get("enable", False):
-        raise UserError("reward.reward_model.enable=True: verl would score the samples itself and overwrite "
-                        "tracerl's verifier rewards (rm_scores); set it to False with TraceAgentLoopManager")
-    name = config.actor_rollout_ref.rollout.get("name", None)
-    if name not in SERVERS:
-        raise UserError(f"actor_rollout_ref.rollout.name = {name!r}: TraceAgentLoopManager sends vLLM's sampling "
-                        f"parameters (stop strings, include_stop_str_in_output, seed), which {name!r} does not "
-                        f"read; use one of: {', '.join(SERVERS)}")
-    data, trainer = config.get("data", {}), config.get("trainer", {})
-    validates = bool(trainer.get("val_before_train", False)) or int(trainer.get("test_freq", -1) or -1) > 0
-    if validates and data.get("val_batch_size", None) is None and "val_files" in data:
-        raise UserError("data.val_batch_size = null: verl would send the whole validation set through one "
-                        "TraceAgentLoopManager call (every episode in flight at once); set data.val_batch_size "
-                        "(e.g. 64)")
-
-
-def check_sampling(config: Any, engine: EngineConfig) -> EngineConfig:
-    """Check that verl's rollout sampling settings are tracerl's and return the validation engine.
-
-    verl computes the old and new log-probs at ``actor_rollout_ref.rollout.temperature``; the
-    manager samples at tracerl's ``rollout.engine.temperature`` (and ``top_p``). A mismatch would
-    silently give wrong importance ratios, so it is refused naming both settings. tracerl samples
-    without top-k. Validation samples at ``val_kwargs`` (``do_sample=False``: greedy)."""
-    rollout = config.actor_rollout_ref.rollout
-    for key in ("temperature", "top_p"):
-        theirs, ours = float(rollout.get(key, getattr(EngineConfig(), key))), float(getattr(engine, key))
-        if theirs != ours:
-            raise UserError(f"actor_rollout_ref.rollout.{key} = {theirs:g} but tracerl's rollout.engine.{key} = "
-                            f"{ours:g}: verl computes the log-probs the update uses at its setting and the "
-                            "manager samples at tracerl's; set both to the same value")
-    val = rollout.get("val_kwargs", {}) or {}
-    for where, top_k in (("actor_rollout_ref.rollout.top_k", rollout.get("top_k", -1)),
-                         ("actor_rollout_ref.rollout.val_kwargs.top_k", val.get("top_k", -1))):
-        if top_k not in (None, -1, 0):
-            raise UserError(f"{where} = {top_k}: tracerl's rollout engine samples without top-k; set it to -1")
-    greedy = not bool(val.get("do_sample", True))
-    return dataclasses.replace(engine, temperature=0.0 if greedy else float(val.get("temperature", engine.temperature)),
-                               top_p=float(val.get("top_p", engine.top_p)))
-
-
-def check_model_path(config: Any, tracerl_path: str, preset_default: str) -> str:
-    """The one checkpoint the manager loads its tokenizer and frozen reference from: verl's
-    ``actor_rollout_ref.model.path`` (what the launch script's ``MODEL`` sets). A tracerl
-    ``model.name_or_path`` left at its preset's default follows it; one set to another
-    checkpoint is refused naming both (the reference must be the actor's initial policy)."""
-    verl_path = str(config.actor_rollout_ref.model.path)
-    if tracerl_path in (preset_default, verl_path):
-        return verl_path
-    same = os.path.exists(tracerl_path) and os.path.exists(verl_path) and os.path.samefile(tracerl_path, verl_path)
-    if not same:
-        raise UserError(f"actor_rollout_ref.model.path = {verl_path!r} but tracerl's model.name_or_path = "
-                        f"{tracerl_path!r}: the manager's tokenizer and frozen reference must be the actor's "
-                        "initial checkpoint; drop model.name_or_path from the tracerl config (it follows verl's)")
-    return verl_path
-
-
 class TraceAgentLoopManager:
     """verl's agent loop manager driven by TRACE (module docstring). verl builds it with
     :meth:`create` (``config``, ``llm_client``, ``teacher_client``, ``reward_loop_worker_handles``);
@@ -231,7 +163,11 @@ class TraceAgentLoopManager:
         self.llm_client = llm_client
         self.parts = parts if parts is not None else build_parts(config)
         self.verl_reference = self.parts.verl_reference
-        self.policy = VerlServerPolicy(llm_client, self.parts.tokenizer)
+        timeout, self.max_failed_steps = failure_settings(config.get("tracerl", None))
+        self.policy = VerlServerPolicy(llm_client, self.parts.tokenizer, timeout_s=timeout)
+        self.failed_steps = 0
+        """Consecutive training steps in which at least half the trees failed (:meth:`_failures`)."""
+        self.last_failed: dict[str, str] = {}
         p = self.parts
         score = p.reference.score_nodes if p.reference is not None else None
         self.executor = LocalExecutor(RolloutEngine(self.policy, p.environment, p.fmt, p.verifier, p.engine), score)
@@ -267,7 +203,7 @@ class TraceAgentLoopManager:
             trees = self.validate(tasks, global_steps, version) if validate else self.step(tasks, global_steps, version)
             keys, fields, tags = leaf_samples(trees, {t.id: u for t, u in zip(tasks, uids, strict=True)},
                                               dict(zip(uids, rows, strict=True)), global_steps, version,
-                                              session_per_leaf=validate)
+                                              session_per_leaf=validate, failed=self.last_failed)
             if keys:
                 tq.kv_batch_put(keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags)
         except BaseException:
@@ -285,35 +221,57 @@ class TraceAgentLoopManager:
         p = self.parts
         self.executor.sync_weights(None, version)
         session = RolloutSession(self.executor, seed=derive_seed(p.seed, "verl_step", global_steps), version=version)
-        start, tokens = time.perf_counter(), self.policy.stats["generated_tokens"]
+        start, tokens, before = time.perf_counter(), self.policy.stats["generated_tokens"], dict(self.policy.stats)
         planner = torch.Generator().manual_seed(derive_seed(p.seed, "verl_plan", global_steps))  # the same on resume
         if p.verl_reference is not None:  # its counts are the step's
             p.verl_reference.rows, p.verl_reference.max_gap = 0, 0.0
+        self.policy.take_failed()
         result = p.scheme.collect(session, list(tasks), p.budget, planner)
+        failed = self.last_failed = self.policy.take_failed()
+        kept = mark_failed(result.trees, failed)
         if p.reference is not None:
-            session.score(result.trees)  # leaves of the last top-up are not scored by the scheme
+            session.score(kept)  # leaves of the last top-up are not scored by the scheme
         if result.cost.rollouts != p.budget:
             raise RuntimeError(f"step {global_steps}: the scheme spent {result.cost.rollouts} rollouts "
                                f"of the budget {p.budget}")
         seconds, tokens = time.perf_counter() - start, self.policy.stats["generated_tokens"] - tokens
         self.last_metrics = {**result.info, "leaves": float(p.budget), "rollout_seconds": seconds,
-                             "generated_tokens": float(tokens), "rollout_tokens_per_s": tokens / max(seconds, 1e-9)}
+                             "generated_tokens": float(tokens), "rollout_tokens_per_s": tokens / max(seconds, 1e-9),
+                             "failed_trees": float(len(failed))}
+        reported = self.policy.stats["reported_prompt_tokens"] - before["reported_prompt_tokens"]
+        if reported:  # vLLM reports num_cached_tokens: the share of prompt tokens its prefix cache served
+            cached = self.policy.stats["cached_prompt_tokens"] - before["cached_prompt_tokens"]
+            self.last_metrics["prefix_cache_hit_rate"] = cached / reported
         if p.verl_reference is not None:
             self.last_metrics["reference_rows"] = float(p.verl_reference.rows)
             if p.verl_reference.check is not None:
                 self.last_metrics["readiness_max_abs_diff"] = p.verl_reference.max_gap
-        if p.predictor is not None:
-            self.last_metrics.update(p.predictor.update(result.trees))
+        if p.predictor is not None and kept:  # a failed tree says nothing about the policy
+            self.last_metrics.update(p.predictor.update(kept))
         session.forget()
         self.last_trees = result.trees
+        self._failures(failed, len(result.trees), global_steps)
         return result.trees
+
+    def _failures(self, failed: dict[str, str], trees: int, global_steps: int) -> None:
+        """Count a step in which at least half the trees failed; ``max_failed_steps`` such steps in
+        a row stop the run in one line (a dead server, not a flaky request)."""
+        self.failed_steps = self.failed_steps + 1 if failed and 2 * len(failed) >= trees else 0
+        if self.failed_steps >= self.max_failed_steps:
+            tree, why = next(iter(failed.items()))
+            raise UserError(f"step {global_steps}: {len(failed)} of {trees} trees failed (tree {tree!r}: {why}); "
+                            f"{self.failed_steps} steps in a row with at least half failed "
+                            f"(tracerl.max_failed_steps = {self.max_failed_steps}): check verl's rollout servers")
 
     def validate(self, tasks: Sequence[Task], global_steps: int, version: int) -> list[RolloutTree]:
         """``val_kwargs.n`` chains per task, no planner (a plain evaluation of the policy)."""
         self.val_executor.sync_weights(None, version)
         session = RolloutSession(self.val_executor, seed=derive_seed(self.parts.seed, "verl_val", global_steps),
                                  version=version)
+        self.policy.take_failed()
         trees, _ = session.start(list(tasks), [self.val_n] * len(tasks), [f"val-{t.id}" for t in tasks])
+        self.last_failed = self.policy.take_failed()
+        mark_failed(trees, self.last_failed)
         session.forget()
         return trees
 
@@ -324,28 +282,22 @@ class TraceAgentLoopManager:
         to a temporary name and renamed); the file's path, or None without a predictor."""
         if self.parts.predictor is None:
             return None
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        path = Path(folder) / PREDICTOR_FILE
-        partial = path.with_name(path.name + ".partial")
-        torch.save(self.parts.predictor.state_dict(), partial)
-        os.replace(partial, path)
-        return path
+        return save_predictor_state(self.parts.predictor.state_dict(), folder)
 
     def load_state(self, folder: str | Path) -> None:
-        """Restore :meth:`save_state`'s predictor state; a checkpoint without it is refused."""
+        """Restore :meth:`save_state`'s predictor state; a checkpoint without it, or one holding
+        anything but tensors and plain data (a pickle that would run code), is refused."""
         if self.parts.predictor is None:
             return
-        path = Path(folder) / PREDICTOR_FILE
-        if not path.is_file():
-            raise UserError(f"{path}: no tracerl predictor state in this verl checkpoint")
-        self.parts.predictor.load_state_dict(torch.load(path, weights_only=False))
+        self.parts.predictor.load_state_dict(load_predictor_state(folder))
 
 
 def build_parts(config: Any) -> TraceParts:
     """:class:`TraceParts` from ``config.tracerl``: ``preset``, ``config_file`` (a tracerl YAML) and
     ``overrides`` (``a.b=value`` strings), resolved as ``tracerl train`` would. Tokenizer and the
-    frozen reference come from verl's ``actor_rollout_ref.model.path`` (:func:`check_model_path`:
-    the reference is the actor's initial policy); the environment is ``data.environment`` over the
+    frozen reference come from verl's ``actor_rollout_ref.model`` (``path``, ``tokenizer_path``,
+    ``trust_remote_code``; :func:`check_model_path`: the reference is the actor's initial policy);
+    tracerl ``optim`` settings verl would not apply are refused (:func:`check_optim`); the environment is ``data.environment`` over the
     run's documents; the scheme, predictor and budget are ``rollout``'s.
 
     ``+tracerl.readiness`` says where the frozen reference scores readiness: ``in_process`` (the
@@ -363,7 +315,6 @@ def build_parts(config: Any) -> TraceParts:
     from tracerl.models.precision import DTYPES
     from tracerl.models.scoring import EMPTY_THINK, ReferenceScorer
     from tracerl.models.threads import set_threads
-    from tracerl.testbed.loading import load_model
     from tracerl.config.schema import resolve_config
     from tracerl.train.data import load_task_data, run_environment
 
@@ -376,18 +327,15 @@ def build_parts(config: Any) -> TraceParts:
     readiness = str(section.get("readiness", "in_process"))
     if readiness not in READINESS:
         raise UserError(f"tracerl.readiness = {readiness!r} is not valid; allowed values: {', '.join(READINESS)}")
-    path = check_model_path(config, cfg.model.name_or_path, resolve_config(preset).model.name_or_path)
+    check_model_path(config, cfg.model.name_or_path, resolve_config(preset).model.name_or_path)
     threads = set_threads(cfg.model.threads, cfg.model.device)
     on_worker = cfg.algo.credit and readiness == "reference_worker"
     check = bool(section.get("check", False))
+    check_optim(config, cfg.optim, resolve_config(preset).optim)
+    tokenizer = verl_tokenizer(config)  # verl's tokenizer_path and trust_remote_code, as its actor's
     model = None
-    if on_worker and not check:  # the weights stay in verl's reference worker: the tokenizer is all it needs
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    else:
-        model, tokenizer = load_model(path, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
-        model.eval()
+    if not on_worker or check:  # on the worker alone, the weights stay in verl's reference worker
+        model = reference_model(config, dtype=cfg.model.dtype, device=cfg.model.device, seed=cfg.seed)
         size = sum(p.numel() for p in model.parameters())
         if cfg.algo.credit and not on_worker and threads is not None and size > 1e9:
             warnings.warn(f"the frozen reference ({size / 1e9:.1f}B parameters) scores readiness on this process's "

@@ -12,6 +12,13 @@ call, all rows of a call in flight together:
 * the server reports the weights step it serves (``extra_fields["global_steps"]``); a row from
   any other step than :attr:`VerlServerPolicy.version` is refused with one line naming both.
 
+A request that raises, is aborted, answers malformed log-probs or takes longer than ``timeout_s``
+fails its tree only: the tree's id goes into :attr:`VerlServerPolicy.failed` (with the first line
+of why), the row gets a one-token stand-in (EOS, log-prob 0, finish ``eos``) so the episode ends
+without another request, and every later row of that tree gets the stand-in at once. The manager
+then trains the tree's leaves as zero (:mod:`.leaves`). A server on other weights still stops
+the step: that is the run's fault, not one request's.
+
 verl syncs the servers' weights itself (its checkpoint manager, after every step), so
 ``sync_weights`` only records the version the next rows must come from. ``finish_reason`` is
 rebuilt from the tokens (verl reports only ``completed``): ``eos`` when the last token is EOS,
@@ -65,6 +72,10 @@ class _Loop:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
 
+class RequestFailed(RuntimeError):
+    """One request's answer cannot be used (aborted, malformed): its tree fails, not the step."""
+
+
 class VerlServerPolicy:
     """tracerl's policy backend over verl's ``LLMServerClient`` (module docstring).
 
@@ -73,15 +84,22 @@ class VerlServerPolicy:
         tokenizer: the policy's tokenizer (the servers' model's).
         version: the weights step the servers must report (verl's ``global_steps`` of the last
             weight update: ``g - 1`` for a sync trainer's step ``g``).
+        timeout_s: seconds a request may take before it fails its tree (None: no limit).
     """
 
-    def __init__(self, client: Any, tokenizer: Any, version: int = 0) -> None:
+    def __init__(self, client: Any, tokenizer: Any, version: int = 0, timeout_s: float | None = None) -> None:
         self.client = client
         self.tokenizer = tokenizer
         self.version = int(version)
+        self.timeout_s = timeout_s
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_token_id: int | None = int(eos) if eos is not None else None
-        self.stats: dict[str, int] = {"generated_tokens": 0, "server_requests": 0}
+        self.stats: dict[str, int] = {"generated_tokens": 0, "server_requests": 0, "failed_requests": 0,
+                                      "reported_prompt_tokens": 0, "cached_prompt_tokens": 0}
+        """Counters; ``cached_prompt_tokens`` sums vLLM's ``num_cached_tokens`` (prefix-cache hits)
+        over the requests that report it, whose prompt tokens ``reported_prompt_tokens`` sums."""
+        self.failed: dict[str, str] = {}
+        """Tree id -> why its first request failed (module docstring); :meth:`take_failed` empties it."""
         self._loop = _Loop()
 
     def generate(
@@ -100,16 +118,58 @@ class VerlServerPolicy:
             raise ValueError(f"seeds has {len(seeds)} entries for {len(prefixes)} prefixes")
         rows = [(key, list(p), sampling_params(params, None if seeds is None else seeds[i]))
                 for i, (key, p) in enumerate(zip(routing_keys, prefixes, strict=True))]
-        outputs = self._loop.run(self._gather(rows)) if rows else []
+        sent = [row for row in rows if row[0] not in self.failed]  # a failed tree sends nothing more
+        answers = dict(zip((id(row) for row in sent), self._loop.run(self._gather(sent)) if sent else [], strict=True))
         checker = StopChecker(self.tokenizer, params.stop_strings)
-        gens = [self._generation(key, out, checker) for (key, _, _), out in zip(rows, outputs, strict=True)]
-        self.stats["server_requests"] += len(rows)
-        self.stats["generated_tokens"] += sum(len(g.token_ids) for g in gens)
-        return gens
+        results = [self._answer(row, answers[id(row)], checker) if id(row) in answers else (self._stand_in(), False)
+                   for row in rows]
+        self.stats["server_requests"] += len(sent)
+        self.stats["generated_tokens"] += sum(len(gen.token_ids) for gen, real in results if real)
+        return [gen for gen, _ in results]
+
+    async def _request(self, key: str, ids: list[int], sp: dict[str, Any]) -> Any:
+        call = self.client.generate(key, prompt_ids=ids, sampling_params=sp)
+        return await (asyncio.wait_for(call, self.timeout_s) if self.timeout_s else call)
 
     async def _gather(self, rows: list[tuple[str, list[int], dict[str, Any]]]) -> list[Any]:
-        return await asyncio.gather(*[self.client.generate(key, prompt_ids=ids, sampling_params=sp)
-                                      for key, ids, sp in rows])
+        return await asyncio.gather(*[self._request(*row) for row in rows], return_exceptions=True)
+
+    def _answer(self, row: tuple[str, list[int], Any], out: Any, checker: StopChecker) -> tuple[Generation, bool]:
+        """``(the row's generation, True)``, or ``(the stand-in, False)`` with its tree marked failed."""
+        key = row[0]
+        if isinstance(out, BaseException) and not isinstance(out, Exception):
+            raise out  # cancelled, interrupted: not one request's failure
+        try:
+            if isinstance(out, Exception):
+                raise out
+            gen = self._generation(key, out, checker)
+            cached = (getattr(out, "extra_fields", None) or {}).get("num_cached_tokens")
+            if cached is not None:  # vLLM's prefix-cache hits on this prompt
+                self.stats["cached_prompt_tokens"] += int(cached)
+                self.stats["reported_prompt_tokens"] += len(row[1])
+            return gen, True
+        except VersionError:
+            raise
+        except (asyncio.TimeoutError, TimeoutError):
+            self._fail(key, f"no answer within request_timeout_s = {self.timeout_s:g}")
+        except Exception as err:  # the client's, the router's or the server's error: this tree's only
+            cause = getattr(err, "cause", None)  # Ray's RayTaskError wraps the server's own exception
+            err = cause if isinstance(cause, Exception) else err
+            self._fail(key, f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}")
+        return self._stand_in(), False
+
+    def _fail(self, key: str, why: str) -> None:
+        self.failed.setdefault(key, why)
+        self.stats["failed_requests"] += 1
+
+    def _stand_in(self) -> Generation:
+        """One EOS token (log-prob 0): ends the failed tree's episode; its leaves train as zero."""
+        return Generation([self.eos_token_id if self.eos_token_id is not None else 0], [0.0], "", "eos")
+
+    def take_failed(self) -> dict[str, str]:
+        """The failed trees since the last call (tree id -> why), forgotten here."""
+        out, self.failed = self.failed, {}
+        return out
 
     def _generation(self, key: str, out: Any, checker: StopChecker) -> Generation:
         step = (getattr(out, "extra_fields", None) or {}).get("global_steps")
@@ -117,11 +177,11 @@ class VerlServerPolicy:
             raise VersionError(f"tree {key!r}: the verl server reports weights step {step}; "
                                f"this rollout needs version {self.version}")
         if out.stop_reason == "aborted":
-            raise RuntimeError(f"tree {key!r}: the verl server aborted the request (stop_reason 'aborted')")
+            raise RequestFailed(f"tree {key!r}: the verl server aborted the request (stop_reason 'aborted')")
         ids = [int(t) for t in out.token_ids]
         if out.log_probs is None or len(out.log_probs) != len(ids):
-            raise ValueError(f"tree {key!r}: log_probs: the server returned "
-                             f"{None if out.log_probs is None else len(out.log_probs)} for {len(ids)} tokens")
+            raise RequestFailed(f"tree {key!r}: log_probs: the server returned "
+                                f"{None if out.log_probs is None else len(out.log_probs)} for {len(ids)} tokens")
         return Generation(ids, [float(x) for x in out.log_probs],
                           self.tokenizer.decode(ids, skip_special_tokens=True),
                           finish_reason(ids, self.eos_token_id, checker))

@@ -7,6 +7,9 @@ same keys and opens :func:`~.estimators.tree_fields` around verl's own step; eve
 verl's. verl reads the registered name as its trainer mode and tests it against ``"sync"`` in
 several places, so the trainer sets its mode back to ``sync`` before the replay buffer is built.
 
+With ``+tracerl.readiness=reference_worker`` it has verl build its reference worker without a KL
+that weighs anything and without a reference forward over every leaf (:func:`reference_for_readiness`).
+
 With :class:`~.manager.TraceAgentLoopManager` (any manager with ``save_state`` / ``load_state``),
 the manager's state (the success predictor) is saved in verl's ``global_step_{n}/`` folder with
 every checkpoint and loaded from the folder verl resumes from.
@@ -23,7 +26,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from tracerl.errors import UserError
 from tracerl.integrations.verl.estimators import tree_fields
-from tracerl.integrations.verl.leaves import sequence_fields
+from tracerl.integrations.verl.leaves import FAILED, sequence_fields
 from tracerl.integrations.verl.names import ESTIMATOR_NAMES, TRAINER_NAME
 from tracerl.integrations.verl.registrations import require_registrations
 from tracerl.integrations.verl.rows import TREE_FIELDS, neutral_padding, object_array
@@ -57,6 +60,8 @@ def advantage_gap(batch: Any, padding: list[bool], trees: list[Any], config: Any
     got = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                           select_fields=["advantages", "response_mask", "tracerl_tree_id", "tracerl_node_path"])
     leaves = {(t.tree_id, t.node_path[-1]): t for tree in trees for t in tree.trajectories.values()}
+    # a failed tree's leaf weighs nothing, as a padding row (leaves.FAILED)
+    padding = [pad or str(got["tracerl_tree_id"][i]).startswith(FAILED) for i, pad in enumerate(padding)]
     real = [i for i, pad in enumerate(padding) if not pad]
     order = [leaves[(got["tracerl_tree_id"][i], list(got["tracerl_node_path"][i])[-1])] for i in real]
     name = ESTIMATOR_NAMES[str(config.algorithm.adv_estimator)]
@@ -76,6 +81,30 @@ def advantage_gap(batch: Any, padding: list[bool], trees: list[Any], config: Any
     return gap, largest
 
 
+def reference_for_readiness(config: Any) -> bool:
+    """With ``+tracerl.readiness=reference_worker`` and no KL term, make verl build its reference
+    worker: ``actor.use_kl_loss=True`` with ``kl_loss_coef=0`` (verl builds one only for a KL), the
+    loss unchanged, and :meth:`TraceSyncTrainer._compute_ref_log_prob` skips the forward that KL
+    would ask for. Whether it changed ``config``."""
+    from omegaconf import open_dict
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    section = config.get("tracerl", None) or {}
+    if str(section.get("readiness", "in_process")) != "reference_worker":
+        return False
+    ref = config.actor_rollout_ref.get("ref", {}) or {}
+    if ref.get("log_prob_micro_batch_size_per_gpu", None) is None and not ref.get("log_prob_use_dynamic_bsz", False):
+        raise UserError("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu = null: +tracerl.readiness="
+                        "reference_worker scores on verl's reference worker, which needs it (e.g. 4) or "
+                        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True")
+    if need_reference_policy(config):
+        return False
+    with open_dict(config):
+        config.actor_rollout_ref.actor.use_kl_loss = True
+        config.actor_rollout_ref.actor.kl_loss_coef = 0.0
+    return True
+
+
 @register_trainer(TRAINER_NAME)
 class TraceSyncTrainer(PPOTrainerSync):
     """verl's sync trainer; ``algorithm.adv_estimator=tracerl_trace_credit`` (or
@@ -83,6 +112,7 @@ class TraceSyncTrainer(PPOTrainerSync):
 
     def __init__(self, config: Any) -> None:
         require_registrations()
+        reference_for_readiness(config)
         super().__init__(config)
 
     def _build_replay_buffer(self) -> Any:
@@ -124,6 +154,18 @@ class TraceSyncTrainer(PPOTrainerSync):
                 if not hdfs_io.copy(str(saved), os.path.join(target, os.path.basename(str(saved)))):
                     raise OSError(f"could not copy {saved} to {target} (trainer.default_hdfs_dir)")
         return super()._save_checkpoint()
+
+    def _compute_ref_log_prob(self, batch: Any, metrics: dict) -> Any:
+        """verl's reference forward over every sample, unless its KL weighs nothing (``use_kl_loss``
+        with ``kl_loss_coef = 0``, as :func:`reference_for_readiness` sets): then ``ref_log_prob`` is
+        a copy of ``old_log_probs`` (the KL term is 0 times a number either way) and no forward runs."""
+        actor = self.config.actor_rollout_ref.actor
+        if float(actor.get("kl_loss_coef", 0.0)) != 0.0 or self.config.algorithm.get("use_kl_in_reward", False):
+            return super()._compute_ref_log_prob(batch, metrics)
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["old_log_probs"])
+        data["ref_log_prob"] = data.pop("old_log_probs")
+        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=data.select("ref_log_prob"))
+        return batch
 
     def reference_logprobs(self, rows: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> list[Any]:
         """verl's frozen-reference log-probs (temperature 1) of each ``(prompt_ids, response_ids)``

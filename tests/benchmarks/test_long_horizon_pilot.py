@@ -1,0 +1,40 @@
+"""The long-horizon pilot's verdict on a setting: which of issue 48's conditions a measured row meets."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import long_horizon_pilot as pilot  # noqa: E402
+
+
+def _row(sampled: float, calls: float, flips: tuple[float | None, float | None], greedy: float = 0.1) -> dict:
+    return {"sampled": {"em": sampled, "tool_calls": calls}, "greedy": {"em": greedy},
+            "credit": {"sign_flip_share_success": flips[0], "sign_flip_share_failure": flips[1]}}
+
+
+def test_a_row_inside_every_bound_meets_them_all() -> None:
+    got = pilot.requirements(_row(0.05, 4.2, (0.0, 0.1)))
+    assert got == {"sampled_in_range": True, "tool_calls_at_least_4": True, "sign_flips_in_mixed_groups": True,
+                   "greedy_not_saturated": True}
+
+
+def test_each_bound_fails_on_its_own() -> None:
+    assert pilot.requirements(_row(0.02, 4.2, (0.1, 0.1)))["sampled_in_range"] is False  # below 3%
+    assert pilot.requirements(_row(0.11, 4.2, (0.1, 0.1)))["sampled_in_range"] is False  # above 10%
+    assert pilot.requirements(_row(0.05, 3.9, (0.1, 0.1)))["tool_calls_at_least_4"] is False
+    assert pilot.requirements(_row(0.05, 4.2, (0.0, 0.0)))["sign_flips_in_mixed_groups"] is False
+    assert pilot.requirements(_row(0.05, 4.2, (0.1, 0.1), greedy=0.95))["greedy_not_saturated"] is False
+
+
+def test_no_mixed_group_leaves_the_flip_condition_unknown() -> None:
+    assert pilot.requirements(_row(0.05, 4.2, (None, None)))["sign_flips_in_mixed_groups"] is None
+    assert pilot.requirements(_row(0.05, 4.2, (None, 0.2)))["sign_flips_in_mixed_groups"] is True
+
+
+def test_episode_stats_keeps_the_hop_split() -> None:
+    metrics = {"em": 0.25, "tool_calls": 4.5, "mean_turns": 5.5, "answered": 1.0, "error_action_rate": 0.0,
+               "generated_tokens": 40.0, "em_hops4": 0.3, "em_hops5": 0.2, "f1": 0.3}
+    got = pilot.episode_stats(metrics)
+    assert got["em_by_hops"] == {"4": 0.3, "5": 0.2} and got["tool_calls"] == 4.5 and "f1" not in got
