@@ -8,8 +8,8 @@ configurations take turns, round by round, so load from other processes hits eac
 ``busy`` condition runs them beside one process of this benchmark's own that spins on a core.
 
 Configurations: ``threads2`` (torch's default on 2 cores, active waiting), ``threads2_passive``
-(``OMP_WAIT_POLICY=PASSIVE``), ``threads1``, ``auto`` (what the demo now does: threads for the
-cores found free at start, ``tracerl.busy_cores``, and passive waiting).
+(``OMP_WAIT_POLICY=PASSIVE``, what the demo does), ``threads1``, ``auto`` (threads for the cores
+found free at start, ``tracerl.busy_cores.free_cores``, and passive waiting).
 
     python benchmarks/busy_threads.py --rounds 1 --steps 2   # ~5-15 min on 2 cores
 """

@@ -148,3 +148,14 @@ def test_rollback_without_a_good_checkpoint_stops_in_one_line(tmp_path: Path) ->
             pytest.raises(DivergenceError, match=r"training diverged at step 2: .* no checkpoint of step 0 or before "
                                                  r"is left to roll back to"):
         trainer.run()
+
+
+def test_keep_last_keeps_that_many_checkpoints(tmp_path: Path) -> None:
+    """The demo keeps 4 checkpoints (every 10 steps) so a rollback finds one from before a blow-up;
+    the pruning kept 2 (a negative slice start while fewer than keep_last - 1 were older)."""
+    from tracerl.runs.checkpoint import prune_checkpoints
+
+    for step in range(10, 101, 10):
+        (tmp_path / f"ckpt-{step:06d}").mkdir()
+        prune_checkpoints(tmp_path, f"ckpt-{step:06d}", 4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-000070", "ckpt-000080", "ckpt-000090", "ckpt-000100"]

@@ -165,7 +165,7 @@ def prune_checkpoints(run_dir: Path, current: str, keep_last: int) -> list[str]:
     older = sorted((p for p in run_dir.glob("ckpt-*") if CHECKPOINT_NAME.fullmatch(p.name)
                     and p.is_dir() and p.name != current), key=lambda p: p.name)
     before = [p.name for p in older if p.name < current]  # ascending: the newest are last
-    keep = set(before[len(before) - (keep_last - 1):]) if keep_last > 1 else set()
+    keep = set(before[max(0, len(before) - (keep_last - 1)):]) if keep_last > 1 else set()  # max: not from the end
     removed = []
     for old in older:
         if old.name not in keep:

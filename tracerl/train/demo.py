@@ -78,21 +78,21 @@ def demo_config() -> TrainConfig:
 
 
 def choose_threads(config: TrainConfig) -> str:
-    """Torch threads for the cores free now, unless ``$TRACERL_THREADS`` or ``model.threads``
-    says; OpenMP threads sleep while they wait (:func:`run_demo` asks for that before torch is
-    imported: ``OMP_WAIT_POLICY`` is read when OpenMP starts). Returns the console's account."""
-    from tracerl.busy_cores import free_cores, passive_wait
-    from tracerl.models.threads import ENV_VAR, available_cores
+    """The torch threads and how busy the machine was at start, for the console and the summary.
 
-    passive_wait()  # run_demo did it before torch was imported; a no-op here
-    policy = f"OpenMP wait policy {os.environ['OMP_WAIT_POLICY'].lower()}"
-    if os.environ.get(ENV_VAR, "").strip() or config.model.threads > 0:
-        return f"torch threads from ${ENV_VAR} / model.threads; {policy}"
+    The threads stay ``$TRACERL_THREADS``, ``model.threads`` or every available core, and OpenMP
+    threads sleep while they wait (:func:`run_demo` sets ``OMP_WAIT_POLICY=PASSIVE`` before torch
+    is imported). Measured beside a spinning process on 2 shared cores (benchmarks/busy_threads.py,
+    median s a step over 4 steps): two spinning threads 81 (and one run that had not done 3 steps in
+    600 s), two passive threads 26, one thread 41, one passive thread (the cores found free) 51. A
+    passive thread costs nothing while it waits, and two of them get more of a shared machine."""
+    from tracerl.busy_cores import free_cores
+    from tracerl.models.threads import available_cores, resolve_threads
+
+    policy = f"OpenMP wait policy {os.environ.get('OMP_WAIT_POLICY', 'default').lower()}"
     free, cores = free_cores(), available_cores()
-    if free is None:
-        return f"torch threads: {cores} (cores); {policy}"
-    config.model.threads = min(free, cores)
-    return f"torch threads: {config.model.threads} ({free} of {cores} cores free at start); {policy}"
+    load = f", {free} of {cores} cores free at start" if free is not None else ""
+    return f"torch threads: {resolve_threads(config.model.threads)}{load}; {policy}"
 
 
 def run_demo(out: str | Path, train_minutes: float | None = None, console: Console | None = None,
