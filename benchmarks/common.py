@@ -64,7 +64,7 @@ BENCH_SETTING: list[str] = [
 """The sample-efficiency testbed (issue 13): 1-3 hop questions on a world without look-alike
 distractor names, three search results per call, the ``bench_hops`` tiny model (whose base model
 knows how many searches a question needs, not which). Chosen by the lever measurements in
-benchmarks/README.md ("Choosing the setting", ``results/testbed_levers.json``)."""
+docs/results/setting.md ("Choosing the setting", ``results/testbed_levers.json``)."""
 
 
 CREDIT_SETTING: list[str] = BENCH_SETTING + [
@@ -263,7 +263,7 @@ def describe_config(config: Any) -> dict[str, Any]:
     }
 
 
-# --- Markdown tables of the committed results (for benchmarks/README.md) -----------------------------
+# --- Markdown tables of the committed results (for docs/results/*.md) -----------------------------
 
 
 def _hops_table(name: str, data: dict[str, Any]) -> str:

@@ -21,11 +21,6 @@ TASK = '{{"id": "{i}", "question": "Who is {i}?", "answers": ["A{i}"]}}\n'
 DOC = '{"id": "d", "title": "Ada", "text": "Ada is a writer."}\n'
 
 
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TRACERL_DEBUG", raising=False)
-
-
 def invoke(*args: str, env: dict[str, str] | None = None):  # noqa: ANN201 - click's Result
     return CliRunner().invoke(app, list(args), env=env)
 

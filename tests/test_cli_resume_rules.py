@@ -23,11 +23,6 @@ FAST = ["eval.size=2", "rollout.budget=16"]
 """The started run's own settings (--smoke-random makes it seconds)."""
 
 
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TRACERL_DEBUG", raising=False)
-
-
 @pytest.fixture(scope="module")
 def trace_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A one-step ``trace`` run (checkpoint at step 1), started through the CLI."""

@@ -30,11 +30,6 @@ RUN_ENTRIES = "LATEST, ckpt-000001/, config.yaml, initial/, metrics.jsonl, rollo
 """What a one-step --smoke-random run writes (besides .lock; no plot: random-tiny draws none), sorted."""
 
 
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TRACERL_DEBUG", raising=False)
-
-
 def smoke_random_run(out: Path, *extra: str) -> None:
     result = invoke("train", "grpo", "--smoke-random", "--out", str(out), "--steps", "1", "--set", "eval.size=2",
                     *extra)

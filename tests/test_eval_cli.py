@@ -15,15 +15,13 @@ from tracerl.testbed.tiny_config import SMOKE_WORLD
 from tracerl.config.schema import resolve_config
 from tracerl.train.loop import Trainer
 
+from helpers_cli import smoke_run
+
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1-step smoke run (random-tiny) with a checkpoint."""
-    out = tmp_path_factory.mktemp("eval") / "run"
-    config = resolve_config("grpo", smoke="random", overrides=["steps=1", "eval.size=2", "rollout.engine.max_turns=2"])
-    with Trainer(config, out) as trainer:
-        trainer.run()
-    return out
+    return smoke_run(tmp_path_factory.mktemp("eval") / "run")
 
 
 def invoke(*args: str):  # noqa: ANN201 - click's Result

@@ -22,11 +22,6 @@ TASKS = "".join(f'{{"id": "{i}", "question": "Who is A{i}?", "answers": ["A{i}"]
 DOC = '{"id": "d", "title": "Ada", "text": "Ada is a writer."}\n'
 
 
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TRACERL_DEBUG", raising=False)
-
-
 def invoke(*args: str):  # noqa: ANN201 - click's Result
     return CliRunner().invoke(app, list(args))
 

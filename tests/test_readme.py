@@ -50,23 +50,24 @@ def test_make_test_builds_the_docs_strictly() -> None:
 
 
 def test_the_readmes_links_resolve() -> None:
-    """Every relative link of the README and of benchmarks/README.md (both outside the docs site)
+    """Every relative link of the README and of benchmarks' READMEs (all outside the docs site)
     names a file or folder of the checkout, and every ``#anchor`` into a page names one of its
     headings (GitHub's slugs, as mkdocs makes them)."""
     broken = []
-    for readme in (ROOT / "README.md", ROOT / "benchmarks" / "README.md"):
+    rooms = sorted((ROOT / "benchmarks").glob("*/README.md"))  # one per benchmark room
+    for readme in (ROOT / "README.md", ROOT / "benchmarks" / "README.md", *rooms):
         for target in re.findall(r"\]\(([^)\s]+)\)", readme.read_text(encoding="utf-8")):
             if re.match(r"[a-z]+://", target):
                 continue
             path, _, anchor = target.partition("#")
             page = (readme.parent / path).resolve()
             if not page.exists():
-                broken.append(f"{readme.name}: {target}")
+                broken.append(f"{readme.relative_to(ROOT)}: {target}")
             elif anchor:
                 headings = re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), flags=re.M)
                 slugs = {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") for h in headings}
                 if anchor not in slugs:
-                    broken.append(f"{readme.name}: {target}")
+                    broken.append(f"{readme.relative_to(ROOT)}: {target}")
     assert broken == []
 
 

@@ -28,9 +28,9 @@ import re
 import secrets
 import shutil
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NoReturn
+from typing import BinaryIO, NoReturn
 
 FOLDER_MARK = ".tracerl-temp"
 """The marker file inside a temporary folder; its content is the folder's name."""
@@ -146,8 +146,8 @@ def _raise_named(err: BaseException, path: Path) -> NoReturn:
     raise err
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write a file so readers see the old or the new content, never a torn one, durably.
+def _replace_with(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Run ``write`` on a fresh temporary beside ``path``, fsync it and rename it over ``path``.
 
     A failure (a full disk) removes the temporary and leaves ``path`` as it was. A hard link
     planted at ``path`` is broken off (the other name keeps its old content), never written through.
@@ -155,7 +155,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     tmp, fd = open_temp(path)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -163,23 +163,21 @@ def write_atomic(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
         _raise_named(err, path)
     fsync_dir(Path(path).parent)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write a file so readers see the old or the new content, never a torn one, durably."""
+    _replace_with(path, lambda handle: handle.write(data))
 
 
 def write_atomic_lines(path: Path, lines: Iterable[str]) -> None:
     """:func:`write_atomic` for text streamed line by line (UTF-8, each line as given): a JSONL
     output of any length is written whole or not at all, never held in memory twice."""
-    tmp, fd = open_temp(path)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            for line in lines:
-                handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        tmp.unlink(missing_ok=True)
-        _raise_named(err, path)
-    fsync_dir(Path(path).parent)
+    def write(handle: BinaryIO) -> None:
+        for line in lines:
+            handle.write(line.encode("utf-8"))
+
+    _replace_with(path, write)
 
 
 def _is_marked_dir(entry: Path) -> bool:

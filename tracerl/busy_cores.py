@@ -4,7 +4,7 @@ Beside one busy process on 2 cores, the demo's steps took 60-80 s instead of 1.5
 two OpenMP threads, and by default an OpenMP thread that waits for its partner spins on its core
 (libgomp's ``OMP_WAIT_POLICY=active`` behaviour for a while, then it yields), so every parallel
 region waited for the thread that shared its core with the other process. Two remedies, measured
-side by side in ``benchmarks/busy_threads.py``:
+side by side in ``benchmarks/systems/busy_threads.py``:
 
 * :func:`passive_wait`: ``OMP_WAIT_POLICY=PASSIVE`` (a waiting thread sleeps), which must be in
   the environment before torch starts OpenMP, i.e. before ``import torch``. The demo does this:

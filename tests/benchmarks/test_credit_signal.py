@@ -11,7 +11,7 @@ import pytest
 from tracerl.core.advantages import AdvantageOptions
 from tracerl.core.types import Action, Task, Trajectory, Turn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "science"))
 import credit_signal as sig  # noqa: E402
 
 

@@ -14,11 +14,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run benchmarks/gpu_check.py itself")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run benchmarks/gpu/gpu_check.py itself")
 def test_gpu_check_without_a_gpu_exits_2_saying_so(tmp_path: Path) -> None:
     out = tmp_path / "gpu_check.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "gpu_check.py"), "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2
     assert "no CUDA GPU found" in proc.stderr
@@ -31,7 +31,7 @@ def test_cpu_dry_run_of_the_shape_checks_writes_every_section(tmp_path: Path) ->
     after a warm-up of each mode, over alternating rounds."""
     out = tmp_path / "gpu_check.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRACERL_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--small",
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "gpu_check.py"), "--device", "cpu", "--small",
                            "--dtype", "float32", "--skip", "presets", "--skip", "resume", "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

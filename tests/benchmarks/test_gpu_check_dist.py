@@ -12,7 +12,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "gpu_check_dist.py"
+SCRIPT = ROOT / "benchmarks" / "gpu" / "gpu_check_dist.py"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -20,7 +20,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=300)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run benchmarks/gpu_check_dist.py itself")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: run benchmarks/gpu/gpu_check_dist.py itself")
 def test_without_a_gpu_it_exits_2_saying_so(tmp_path: Path) -> None:
     out = tmp_path / "gpu_check_dist.json"
     proc = _run("--out", str(out))

@@ -1,4 +1,4 @@
-"""A fast subset of benchmarks/hostile_inputs.py in the default suite: real ``tracerl`` processes on
+"""A fast subset of benchmarks/reliability/hostile_inputs.py in the default suite: real ``tracerl`` processes on
 hostile inputs end in one line, touch nothing outside their folder, and stay under the memory bound."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "reliability"))
 import hostile_inputs as probe  # noqa: E402
 
 FAST = ["lock_link_fresh", "metrics_dangling_link", "yaml_bomb_config", "deep_json_env_check", "torn_tasks"]

@@ -14,6 +14,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH / "science"))
 import sample_efficiency as se  # noqa: E402
 
 
@@ -94,7 +95,7 @@ def test_nan_twins_and_one_seeds_nan_are_refused_through_the_script_writing_noth
     twin = _write(tmp_path / "b_twin.json", _shard({"grpo": [nan_run]}))
     out = tmp_path / "merged.json"
     for shards in ([a, b], [b, twin]):
-        done = subprocess.run([sys.executable, str(BENCH / "sample_efficiency.py"), "--merge", *map(str, shards),
+        done = subprocess.run([sys.executable, str(BENCH / "science" / "sample_efficiency.py"), "--merge", *map(str, shards),
                                "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=BENCH)
         assert done.returncode == 1
         assert done.stderr == f"{b}: runs.grpo[0].final.unseen is nan, not a finite number\n"

@@ -24,11 +24,6 @@ DOC = '{"id": "d", "title": "Ada", "text": "Ada is a writer."}\n'
 DEEP = "[" * 100_000 + "]" * 100_000
 
 
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TRACERL_DEBUG", raising=False)
-
-
 def test_a_conversion_writes_a_complete_manifest(tmp_path: Path) -> None:
     report = convert("musique", RAW, tmp_path)
     manifest = json.loads((tmp_path / MANIFEST).read_text())

@@ -2,7 +2,7 @@
 
 On CPU torch runs FlexAttention forward-only (eager), so these tests compare the flex forward's
 log-probs, the IS guard's mismatch and a PPO loss built on them with the dense-mask path; the
-gradients need CUDA (benchmarks/gpu_check_shapes.py compares them there)."""
+gradients need CUDA (benchmarks/gpu/gpu_check_shapes.py compares them there)."""
 
 from __future__ import annotations
 

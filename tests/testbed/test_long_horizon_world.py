@@ -11,6 +11,7 @@ import pytest
 from tracerl.envs.synthwiki import MAX_HOPS, WorldConfig, build_world
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "science"))
 
 SMALL = WorldConfig(num_people=24, num_cities=12, num_countries=6, num_books=10, num_bands=8, num_companies=10,
                     distractors=1, min_hops=4, max_hops=5, num_train=20, num_test=10)

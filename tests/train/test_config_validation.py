@@ -42,6 +42,11 @@ def test_training_temperature_must_be_positive_and_points_to_eval() -> None:
     assert resolve_config("grpo", overrides=["eval.temperature=0"]).eval.temperature == 0.0
 
 
+def test_negative_weight_decay_is_refused_at_load_not_at_the_first_step() -> None:
+    assert rejects("optim.weight_decay=-5") == "optim.weight_decay must be >= 0, got -5.0"
+    assert resolve_config("grpo", overrides=["optim.weight_decay=0.1"]).optim.weight_decay == 0.1
+
+
 @pytest.mark.parametrize("betas", ["[2, 3]", "[0.9, 1.0]", "[-0.1, 0.9]"])
 def test_betas_lie_in_zero_one(betas: str) -> None:
     assert "optim.betas" in rejects(f"optim.betas={betas}")

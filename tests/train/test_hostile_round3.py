@@ -1,7 +1,7 @@
 """Strangers' checkpoints, models, configs and data files, round three: each crafted input ends in
 one error naming the file (and field), touches nothing outside, and never blocks or grows unbounded.
 
-Library-level checks (fast); benchmarks/hostile_inputs.py runs the same cases through the CLI.
+Library-level checks (fast); benchmarks/reliability/hostile_inputs.py runs the same cases through the CLI.
 """
 
 from __future__ import annotations

@@ -102,14 +102,9 @@ def test_the_caps_lie_past_every_released_model() -> None:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1-step smoke run with a checkpoint (copied by each test that changes it)."""
-    from tracerl.config.schema import resolve_config
-    from tracerl.train.loop import Trainer
+    from helpers_cli import smoke_run
 
-    out = tmp_path_factory.mktemp("round4") / "run"
-    config = resolve_config("grpo", smoke="random", overrides=["steps=1", "eval.size=2", "rollout.engine.max_turns=2"])
-    with Trainer(config, out) as trainer:
-        trainer.run()
-    return out
+    return smoke_run(tmp_path_factory.mktemp("round4") / "run")
 
 
 @pytest.mark.parametrize(("where", "edit", "command", "needle"), [

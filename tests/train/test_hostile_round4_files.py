@@ -19,7 +19,7 @@ from tracerl.config.schema import resolve_config
 from tracerl.runs.folder import run_state
 from tracerl.train.loop import Trainer
 
-from helpers_cli import invoke, one_line
+from helpers_cli import invoke, one_line, smoke_run
 from helpers_temps import dead_writer_temps, own_temps
 from view_fixtures import write_run
 
@@ -27,19 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ["--smoke-random", "--steps", "1", "--set", "rollout.engine.max_turns=2", "--set", "eval.size=2"]
 
 
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TRACERL_DEBUG", raising=False)
-
-
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1-step smoke run with a checkpoint (copied by each test that changes it)."""
-    out = tmp_path_factory.mktemp("round4") / "run"
-    config = resolve_config("grpo", smoke="random", overrides=["steps=1", "eval.size=2", "rollout.engine.max_turns=2"])
-    with Trainer(config, out) as trainer:
-        trainer.run()
-    return out
+    return smoke_run(tmp_path_factory.mktemp("round4") / "run")
 
 
 def _user_files(folder: Path) -> dict[str, bytes]:

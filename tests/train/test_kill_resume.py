@@ -2,7 +2,7 @@
 
 In-process kills are simulated by an exception raised where the process would die, followed by
 ``close()`` (the kernel releases a dead process's lock); the last test sends real SIGKILLs to
-``tracerl train`` processes through ``benchmarks/kill_resume.py``.
+``tracerl train`` processes through ``benchmarks/reliability/kill_resume.py``.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def test_save_never_writes_non_finite_weights(tmp_path: Path) -> None:
 
 
 def _harness() -> Any:
-    spec = importlib.util.spec_from_file_location("kill_resume", ROOT / "benchmarks" / "kill_resume.py")
+    spec = importlib.util.spec_from_file_location("kill_resume", ROOT / "benchmarks" / "reliability" / "kill_resume.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -221,7 +221,7 @@ def _harness() -> Any:
 
 @pytest.mark.slow
 def test_random_sigkills_of_training_processes_lose_nothing(tmp_path: Path) -> None:
-    """The CI subset of ``python benchmarks/kill_resume.py --kills 50``: 6 real SIGKILLs."""
+    """The CI subset of ``python benchmarks/reliability/kill_resume.py --kills 50``: 6 real SIGKILLs."""
     harness = _harness()
     summary = harness.run_harness(tmp_path, kills=6, steps=8, seed=1, model=harness.smoke_model())
     assert summary["problems"] == [] and summary["ok"]

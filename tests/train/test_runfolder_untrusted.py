@@ -13,12 +13,11 @@ import pytest
 
 from tracerl.runs.checkpoint import CheckpointError, latest_checkpoint
 from tracerl.config.schema import ConfigError, resolve_config
-from tracerl.train.loop import Trainer
 from tracerl.runs.metrics import parse_metrics, read_metrics
 from tracerl.train.run import resume_training, start_training
 from tracerl.runs.run_config import PLUGIN_FIELDS, import_paths, read_run_config
 from tracerl.runs.folder import RunFolderError, RunLock, check_run_folder
-from helpers_cli import invoke, one_line
+from helpers_cli import invoke, one_line, smoke_run
 
 SECRET = "SECRET-CONTENT of someone else's file\n"
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
@@ -26,19 +25,10 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 """Nine levels of nine aliases: 400 bytes that stand for 9**9 (387 million) strings."""
 
 
-@pytest.fixture(autouse=True)
-def _no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TRACERL_DEBUG", raising=False)
-
-
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1-step smoke run with a checkpoint (copied by each test that changes it)."""
-    out = tmp_path_factory.mktemp("untrusted") / "run"
-    config = resolve_config("grpo", smoke="random", overrides=["steps=1", "eval.size=2", "rollout.engine.max_turns=2"])
-    with Trainer(config, out) as trainer:
-        trainer.run()
-    return out
+    return smoke_run(tmp_path_factory.mktemp("untrusted") / "run")
 
 
 @pytest.fixture

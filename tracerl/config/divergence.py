@@ -34,7 +34,7 @@ class DivergenceConfig:
     length_factor: float = 3.0
     """Generated tokens per rollout at this many times their running median for ``length_steps``
     steps in a row is a length blow-up (a policy padding its turns with junk); 0 switches it off.
-    Measured on the demo (issue 51): the collapse ran 3.6x, 4.2x, 4.1x the median from its step
+    Measured on the demo: the collapse ran 3.6x, 4.2x, 4.1x the median from its step
     42 on; a run that recovered had a two-step spike (2.9x, 6.7x)."""
     length_steps: int = 3
     """Steps in a row the generations must stay ``length_factor`` times longer than before (a

@@ -129,7 +129,7 @@ class DataConfig:
     isolate_tools: bool = True
     """Run the ``data.tools`` plug-ins in a worker process that is killed at ``data.tool_timeout_s``,
     so a tool hung while holding the GIL cannot stall the run. A call costs 0.05-0.08 ms, as much
-    as an in-process call on its timeout thread (benchmarks/tool_isolation.py). ``false``: in-process
+    as an in-process call on its timeout thread (benchmarks/systems/tool_isolation.py). ``false``: in-process
     on a thread (a hung call is abandoned, not killed). The built-in ``search``/``open`` always run
     in-process."""
     max_line_bytes: int = MAX_LINE_BYTES
@@ -479,6 +479,8 @@ class OptimConfig:
             raise ConfigError(f"optim.betas = {list(self.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.99]")
         if self.kl_coef < 0 or self.warmup_steps < 0 or self.clip_low < 0 or self.clip_high < 0:
             raise ConfigError("optim.kl_coef, optim.warmup_steps, optim.clip_low and optim.clip_high must be >= 0")
+        if self.weight_decay < 0:  # torch's AdamW would refuse it only at the first step, in its own words
+            raise ConfigError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
 
 
 @dataclass

@@ -21,7 +21,7 @@ stops. What a tool prints never reaches the trainer's terminal: the worker's std
 to ``/dev/null`` and Python-level prints of a call are kept (first ``MAX_FAILURE_CHARS``) only to
 be added to that call's failure message. Results and failure messages are cut to ``max_chars``
 in the worker, so a tool returning or raising 10 MB never sends them. Overhead per call: see
-``benchmarks/tool_isolation.py``.
+``benchmarks/systems/tool_isolation.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Parquet rows read within the bounds JSONL lines are read within (issue 50 item 6).
+"""Parquet rows read within the bounds JSONL lines are read within.
 
 Parquet compresses: a 26 KB zstd file held one 800 MB string, and reading it whole
 (``read_table().to_pylist()``) peaked at 3.49 GB. Here a file is read only after its metadata

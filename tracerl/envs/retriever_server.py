@@ -20,7 +20,7 @@ bounded; a malformed request gets a 422 whose JSON ``error`` names the field.
 
 ``latency_ms`` is a **test and benchmark injection**: every ``/retrieve`` and ``/open`` request
 waits that long (without holding a thread) before it is answered, to stand in for a remote
-retriever (``benchmarks/tool_latency.py``). Leave it at 0 to serve.
+retriever (``benchmarks/systems/tool_latency.py``). Leave it at 0 to serve.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from tracerl.envs.data import Document, write_corpus, write_tasks
 
 TYPES = ("person", "city", "country", "book", "band", "company")
 MAX_HOPS = 5
-"""Longest question chain. Five hops (issue 48's long-horizon testbed: 4-5 searches per question)
+"""Longest question chain. Five hops (the long-horizon testbed: 4-5 searches per question)
 still leave a default world enough loop-free chains; the default worlds stop at four."""
 
 

@@ -28,7 +28,7 @@ turns share engine steps); a batch backend (``HFPolicy``) advances the live epis
 batched ``generate`` call by default (lockstep turns, :meth:`RolloutEngine._run`), or independently
 through :class:`~tracerl.rollout.independent.BatchStream` with ``hf_scheduling = independent``.
 Tool calls of different episodes run concurrently either way (``tool_concurrency`` in flight, on a
-:class:`~tracerl.rollout.tool_calls.ToolRunner`; 0: one at a time, the path before issue 46). An
+:class:`~tracerl.rollout.tool_calls.ToolRunner`; 0: one at a time, the serial path). An
 episode's rows come from :meth:`RolloutEngine._row`, its turns are applied with
 :meth:`RolloutEngine._observe` and joined to its tree with :meth:`RolloutEngine._commit` (the
 per-turn steps, in :mod:`tracerl.rollout.turns`) in lockstep order (generate round, then request

@@ -1,4 +1,4 @@
-"""A checkpoint's config must name the model the run started from (issue 50 item 10).
+"""A checkpoint's config must name the model the run started from.
 
 The weights a run resumes come from ``initial/`` and the checkpoint's ``policy/``; the model named
 by its config (``preset``, ``model.name_or_path``, ``model.tiny_preset``) only labels them (the

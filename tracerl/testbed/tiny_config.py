@@ -175,7 +175,7 @@ PRESETS: dict[str, TinyModelConfig] = {
     # world); base accuracy on the demo's 1-2 hop questions 6.5% / 1.0% vs 6.0% / 0.0%.
     # Not yet measured end to end with RL.
     "two_layer": TinyModelConfig(num_layers=2, steps=8400, batch_size=1, warmup_steps=100),
-    # The first issue-13 testbed model (benchmarks/README.md, "Choosing the setting"): the
+    # The first issue-13 testbed model (docs/results/setting.md, "Choosing the setting"): the
     # default architecture (0.99M parameters) on 200 worlds without look-alike names, 4.2k steps
     # (4.0M tokens; ~10 min on an idle core, 41 min on the loaded 2-core machine). On 1-3 hop
     # questions of an unseen world, 3 results per call, it succeeds in 4.3% / 0.8% / 0.0% of
@@ -187,8 +187,8 @@ PRESETS: dict[str, TinyModelConfig] = {
     # 44% / 0% / 0%. No better on multi-hop questions than bench, so the benchmark keeps bench.
     "bench_guided": TinyModelConfig(world=BENCH_WORLD, num_worlds=200, steps=2100, warmup_steps=100,
                                     explorer=replace(DEFAULT_EXPLORER, guided=0.2)),
-    # The sample-efficiency testbed's model (issue 13; benchmarks/README.md, "Choosing the
-    # setting"): bench with a hop-aware explorer. 70% of the exploratory episodes make as many
+    # The sample-efficiency testbed's model (issue 13; docs/results/setting.md, "Choosing
+    # the setting"): bench with a hop-aware explorer. 70% of the exploratory episodes make as many
     # searches as the question has hops, still following random links and answering a random link,
     # so the base model knows how many lookups a question needs but not which ones (the explorer
     # itself succeeds on 47% / 26% / 12% of 1 / 2 / 3-hop questions, bench's on 19% / 8% / 2%).
@@ -202,7 +202,7 @@ PRESETS: dict[str, TinyModelConfig] = {
     # same shape without the gold. Shipped (weights/bench_hops_lookalike); its base rates not yet measured here.
     "bench_hops_lookalike": TinyModelConfig(world=replace(BENCH_WORLD, distractors=1), num_worlds=200, steps=4200,
                                             warmup_steps=100, explorer=replace(DEFAULT_EXPLORER, hop_aware=0.7)),
-    # The long-horizon testbed's candidate base (issue 48; benchmarks/long_horizon_pilot.py): bench_hops_lookalike
+    # The long-horizon testbed's candidate base (issue 48; benchmarks/science/long_horizon_pilot.py): bench_hops_lookalike
     # on 1-5 hop worlds, so that its hop-aware explorer also makes five searches. The shipped
     # bench_hops_lookalike (pretrained on at most four hops) makes 4.0 greedy calls on 4-5 hop questions
     # and solves no sampled five-hop question. Five searches of three results reach ~610 tokens, hence rows

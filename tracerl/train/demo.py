@@ -13,7 +13,7 @@ the evaluations on 2 CPU cores.
 Each demo writes a new run folder into ``--out`` (``run``, then ``run-2``, ...: see
 :mod:`tracerl.train.demo_folder`); a previous run is never touched.
 
-Why the demo's settings differ from the ``trace`` preset's (issue 51): at lr 1e-3 with the
+Why the demo's settings differ from the ``trace`` preset's: at lr 1e-3 with the
 paper's ungated turn term, a run collapsed past step ~40-120. In a group whose rollouts all
 failed (or all succeeded) the outcome advantage is 0 and the turn term ``w_turn c_k`` was the
 only gradient, and it was positive on 95-100% of those transitions (a search raises the
@@ -82,7 +82,7 @@ def choose_threads(config: TrainConfig) -> str:
 
     The threads stay ``$TRACERL_THREADS``, ``model.threads`` or every available core, and OpenMP
     threads sleep while they wait (:func:`run_demo` sets ``OMP_WAIT_POLICY=PASSIVE`` before torch
-    is imported). Measured beside a spinning process on 2 shared cores (benchmarks/busy_threads.py,
+    is imported). Measured beside a spinning process on 2 shared cores (benchmarks/systems/busy_threads.py,
     median s a step over 4 steps): two spinning threads 81 (and one run that had not done 3 steps in
     600 s), two passive threads 26, one thread 41, one passive thread (the cores found free) 51. A
     passive thread costs nothing while it waits, and two of them get more of a shared machine."""

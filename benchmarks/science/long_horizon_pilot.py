@@ -1,0 +1,243 @@
+"""Pilot of the long-horizon testbed (issue 48 item 2): base episode statistics, no training.
+
+The credit testbed's episodes average 2.2-2.5 tool calls, so TRACE's K = 3 window spans the whole
+search and the turn term never flips an advantage's sign in a mixed group. This pilot measures,
+on a pinned base model and with no update, what a 4-5 hop SynthWiki setting with look-alike names
+gives before any test is registered:
+
+- ``greedy``: exact match, tool calls and turns per episode of the greedy policy (the evaluation
+  engine) on the first ``--greedy`` unseen-world questions;
+- ``sampled``: the same at the rollout temperature, ``--samples`` episodes per question on the first
+  ``--sampled`` questions (what GRPO's groups see);
+- ``credit``: ``--pools`` pools of training questions collected as ``trace_credit`` collects them
+  (8 chains per prompt) and scored by the frozen reference, then ``credit_signal.measure`` in the
+  preset's value form: the share of transitions in mixed groups and how often the turn term flips
+  the sign of the outcome term there.
+
+Each variant is one setting (hop range, turn limit) on one base model; ``requirements`` says which
+of the issue's conditions it meets (sampled success 3-10%, mean tool calls >= 4 at the base, sign
+flips in mixed groups > 0). These are pilot runs, not counted: they choose a setting, they test
+nothing (``counted: false`` in the JSON).
+
+``--step-cost N`` times ``N`` training steps of ``--methods`` (default GRPO and ``trace_credit``) per
+variant instead and adds them to the file's ``step_cost``: what a counted shard would cost.
+
+    TRACERL_THREADS=1 python benchmarks/science/long_horizon_pilot.py --greedy 100 --sampled 100 --pools 3
+    # 6 variants: 3-6 min of one core each (``seconds`` in the JSON)
+    python benchmarks/science/long_horizon_pilot.py --variants h4_t8_temp07 --step-cost 5   # step times, ~5 min
+    python benchmarks/science/long_horizon_pilot.py --variants h4_t8 --greedy 20 --sampled 10 --pools 1 \
+        --out /tmp/check.json   # a check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared modules (common.py, ...)
+from common import LOOKALIKE_SETTING, RESULTS, configure_torch, fresh_dir, mean, provenance_of, resolve, write_json
+
+RUN = ["rollout.budget=64", "rollout.pool_size=8", "rollout.schemes.group_size=8", "log.checkpoint_every=1000000",
+       "log.rollouts=false"]
+"""8 prompts x 8 chains per pool, as the credit sweeps run them."""
+
+LONG_BASE: list[str] = [s for s in LOOKALIKE_SETTING
+                        if not s.startswith(("data.world.min_hops", "data.world.max_hops", "rollout.engine.max_turns"))]
+"""The look-alike credit setting (``bench_hops_lookalike`` base, one look-alike per name, three results
+per call, turns of at most 32 tokens) less its hop range and turn limit, which the variants set."""
+
+VARIANTS: dict[str, list[str]] = {
+    # four searches and an answer need 5 turns: three turns of slack for a wrong search and a retry
+    "h4_t8": ["data.world.min_hops=4", "data.world.max_hops=4", "rollout.engine.max_turns=8"],
+    # four- and five-hop questions (4-5 tool calls when solved), the same slack
+    "h45_t10": ["data.world.min_hops=4", "data.world.max_hops=5", "rollout.engine.max_turns=10"],
+    # h4_t8 sampled at a lower rollout temperature: between the base's greedy (8%, 4.0 calls) and its
+    # sampled success at temperature 1 (0.7%, 3.3 valid calls, 14% invalid actions) on the first pilot
+    "h4_t8_temp07": ["data.world.min_hops=4", "data.world.max_hops=4", "rollout.engine.max_turns=8",
+                     "rollout.engine.temperature=0.7"],
+    "h4_t8_temp06": ["data.world.min_hops=4", "data.world.max_hops=4", "rollout.engine.max_turns=8",
+                     "rollout.engine.temperature=0.6"],
+    "h4_t8_temp05": ["data.world.min_hops=4", "data.world.max_hops=4", "rollout.engine.max_turns=8",
+                     "rollout.engine.temperature=0.5"],
+    # four- and five-hop questions at the temperature that put four-hop sampled success in range
+    "h45_t10_temp06": ["data.world.min_hops=4", "data.world.max_hops=5", "rollout.engine.max_turns=10",
+                       "rollout.engine.temperature=0.6"],
+}
+"""Pilot settings on top of :data:`LONG_BASE`."""
+
+SAMPLED_RANGE = (0.03, 0.10)
+MIN_TOOL_CALLS = 4.0
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=sorted(VARIANTS))
+    p.add_argument("--greedy", type=int, default=100, help="Unseen-world questions of the greedy endpoint.")
+    p.add_argument("--sampled", type=int, default=100, help="Unseen-world questions of the sampled endpoint.")
+    p.add_argument("--samples", type=int, default=4, help="Sampled episodes per question.")
+    p.add_argument("--pools", type=int, default=2, help="Pools of training questions for the credit statistics.")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="A.B=VALUE",
+                   help="Extra override for every variant (e.g. model.tiny_preset=...).")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--work-dir", type=Path, default=Path("/tmp/tracerl-long-pilot"))
+    p.add_argument("--step-cost", type=int, default=0, metavar="STEPS",
+                   help="Instead of the statistics: time STEPS training steps of each of --methods in each variant "
+                        "and add them to --out's step_cost (what a counted shard would cost).")
+    p.add_argument("--methods", nargs="+", default=["grpo", "trace_credit"], help="Presets --step-cost times.")
+    p.add_argument("--out", type=Path, default=RESULTS / "long_horizon_pilot.json")
+    return p.parse_args()
+
+
+def step_cost(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Seconds per training step of each of ``--methods`` in variant ``name`` (median of ``--step-cost``
+    steps from the base model), with the tokens each step generated."""
+    import statistics
+
+    from tracerl.train.loop import Trainer
+
+    out: dict[str, Any] = {}
+    for method in args.methods:
+        overrides = RUN + LONG_BASE + VARIANTS[name] + list(args.overrides) + [f"seed={args.seed}",
+                                                                             f"steps={args.step_cost}"]
+        config = resolve(method, overrides + ["eval.every=0"], False)
+        trainer = Trainer(config, fresh_dir(args.work_dir / f"cost-{name}-{method}"))
+        records = [trainer.step() for _ in range(args.step_cost)]
+        out[method] = {"steps": len(records), "step_seconds": [r["step_seconds"] for r in records],
+                       "step_seconds_median": statistics.median(r["step_seconds"] for r in records),
+                       "generated_tokens_per_step": mean([float(r["generated_tokens"]) for r in records
+                                                          if r.get("generated_tokens") is not None])}
+        print(f"{name} {method}: {out[method]['step_seconds_median']:.2f} s/step", flush=True)
+    return out
+
+
+def episode_stats(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The evaluation metrics a setting is chosen on (``tracerl.rollout.evaluate``'s keys)."""
+    keep = ("em", "tool_calls", "mean_turns", "answered", "error_action_rate", "generated_tokens")
+    return {**{k: metrics.get(k) for k in keep},
+            "em_by_hops": {k[len("em_hops"):]: v for k, v in metrics.items() if k.startswith("em_hops")}}
+
+
+def credit_stats(trainer: Any, pools: int) -> dict[str, Any]:
+    """Collect ``pools`` pools as the preset does, score them, and measure the turn term against the
+    outcome term (``credit_signal.measure`` in the preset's value form)."""
+    from credit_signal import measure
+
+    from tracerl.allocation.session import RolloutSession
+    from tracerl.core.advantages import AdvantageBatch
+    from tracerl.core.seeds import derive_seed
+    from tracerl.core.tree_advantages import tree_outcome_turn_advantages
+    from tracerl.train.data import take_pool
+
+    config, options = trainer.config, trainer.config.algo.advantage
+    cursor, trajectories, outcome = 0, [], []
+    for step in range(pools):
+        pool = take_pool(trainer.data.train, cursor, config.rollout.pool_size)
+        session = RolloutSession(trainer.executor, derive_seed(config.seed, "step", step))
+        result = trainer.scheme.collect(session, pool, config.rollout.budget, trainer.generator)
+        cursor += result.consumed
+        session.score(result.trees)
+        trajs = [t for tree in result.trees for t in tree.trajectories.values()]
+        _, group_adv = tree_outcome_turn_advantages(AdvantageBatch(trajs, {t.tree_id: t for t in result.trees}), options)
+        trajectories += trajs
+        outcome += [float(a) for a in group_adv]
+        session.forget()
+    tasks = {t.id: t for t in trainer.data.train}
+    measured = measure(trajectories, tasks, outcome, options, options.credit_value)
+    mixed = measured["advantage_mixed_groups"]
+    at_k1 = measure(trajectories, tasks, outcome, replace(options, horizon=1), options.credit_value)["advantage_mixed_groups"]
+    return {"episodes": len(trajectories), "form": options.credit_value, "horizon": options.horizon,
+            "success_rate": mean([float(t.reward > 0.5) for t in trajectories]),
+            "transitions_mean": mean([float(t.num_transitions) for t in trajectories]),  # invalid actions included
+            "tool_calls_mean": mean([float(sum(u.action.kind == "tool" and not u.tool_error for u in t.turns))
+                                     for t in trajectories]),  # valid calls, as evaluate's ``tool_calls``
+            "mixed_transitions": mixed["transitions"],
+            "sign_flip_share_success": mixed["sign_flip_share_success"],
+            "sign_flip_share_failure": mixed["sign_flip_share_failure"],
+            "k1": {k: at_k1[k] for k in ("turn_term_abs_mean", "sign_flip_share_success", "sign_flip_share_failure")},
+            "all_same_share": measured["advantage_all_same_groups"]["share_of_transitions"],
+            "measure": measured}
+
+
+def requirements(row: dict[str, Any]) -> dict[str, Any]:
+    """Which of the issue's conditions a variant meets (None: not measurable, e.g. no mixed group)."""
+    sampled, calls = row["sampled"]["em"], row["sampled"]["tool_calls"]
+    flips = [row["credit"][k] for k in ("sign_flip_share_success", "sign_flip_share_failure")]
+    flips_known = [f for f in flips if f is not None]
+    return {"sampled_in_range": SAMPLED_RANGE[0] <= sampled <= SAMPLED_RANGE[1],
+            "tool_calls_at_least_4": calls >= MIN_TOOL_CALLS,
+            "sign_flips_in_mixed_groups": (any(f > 0 for f in flips_known) if flips_known else None),
+            "greedy_not_saturated": row["greedy"]["em"] < 0.9}
+
+
+def run_variant(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from tracerl.rollout.evaluate import evaluate
+    from tracerl.train.loop import Trainer
+
+    overrides = RUN + LONG_BASE + VARIANTS[name] + list(args.overrides) + [f"seed={args.seed}"]
+    config = resolve("trace_credit", overrides, False)
+    clock = time.perf_counter()
+    trainer = Trainer(config, fresh_dir(args.work_dir / name))
+    seconds = {"build": time.perf_counter() - clock}
+    held_out = trainer.data.held_out
+    clock = time.perf_counter()
+    trainer.model.eval()
+    greedy = trainer.executor.evaluate(held_out[: args.greedy], samples=1, seed=args.seed)
+    seconds["greedy"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    with trainer._compute():  # as sample_efficiency's sampled endpoint: the training engine's temperature
+        sampled = evaluate(trainer.executor.engine, held_out[: args.sampled], samples=args.samples,
+                           generator=torch.Generator().manual_seed(104729 + args.seed)).metrics
+    trainer.executor.clear_prefix_cache()
+    seconds["sampled"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    credit = credit_stats(trainer, args.pools)
+    seconds["credit"] = time.perf_counter() - clock
+    row: dict[str, Any] = {"overrides": overrides, "greedy_questions": min(args.greedy, len(held_out)),
+                           "sampled_questions": min(args.sampled, len(held_out)), "samples": args.samples,
+                           "greedy": episode_stats(greedy), "sampled": episode_stats(sampled), "credit": credit,
+                           "seconds": seconds, "provenance": provenance_of(config)}
+    row["requirements"] = requirements(row)
+    print(f"{name}: greedy {row['greedy']['em']:.3f} ({row['greedy']['tool_calls']:.2f} calls), sampled "
+          f"{row['sampled']['em']:.3f} ({row['sampled']['tool_calls']:.2f} calls), mixed transitions "
+          f"{credit['mixed_transitions']}, flips {credit['sign_flip_share_success']}/{credit['sign_flip_share_failure']}; "
+          f"{ {k: round(v) for k, v in seconds.items()} } s", flush=True)
+    return row
+
+
+def main() -> None:
+    args = _args()
+    configure_torch(args.threads)
+    if args.step_cost:
+        done = json.loads(args.out.read_text())
+        costs = done.setdefault("step_cost", {})
+        for name in args.variants:
+            costs[name] = {"load_average_1_5_15": list(os.getloadavg()), **step_cost(name, args)}
+            write_json(args.out, done)
+        print(f"wrote {args.out}")
+        return
+    out: dict[str, Any] = {
+        "pilot": True, "counted": False,
+        "note": "Pilot runs that choose the long-horizon setting; no test is registered on them and none of their "
+                "numbers is a result. One seed, base weights, no update.",
+        "requirements": {"sampled_success": list(SAMPLED_RANGE), "tool_calls_mean_min": MIN_TOOL_CALLS,
+                         "sign_flips_in_mixed_groups": "> 0"},
+        "settings": {"greedy": args.greedy, "sampled": args.sampled, "samples": args.samples, "pools": args.pools,
+                     "seed": args.seed, "threads": args.threads},
+        "variants": {}}
+    for name in args.variants:
+        out["variants"][name] = run_variant(name, args)
+        write_json(args.out, out)  # after each variant: a kill keeps what was measured
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
