@@ -4,21 +4,19 @@ the serial path whatever finishes first; calls of different episodes are in flig
 
 from __future__ import annotations
 
-import json
 import threading
 import zlib
 
 import pytest
+from helpers_branching import start_and_branch
 from helpers_tiny import ScriptedPolicy, tiny_model
 
 from tracerl.agent.formats import get_format
-from tracerl.core.protocol import ExpandRequest, StartRequest, task_record, to_json
 from tracerl.envs.base import EnvConfig, ToolEnvironment
 from tracerl.envs.tools import ToolSet
 from tracerl.envs.verifiers import exact_match
 from tracerl.models.backend import HFPolicy
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
-from tracerl.rollout.executor import LocalExecutor
 
 FMT = get_format("react")
 
@@ -48,28 +46,10 @@ def _jittered(env: ToolEnvironment) -> ToolEnvironment:
 
 
 def _deltas(engine: RolloutEngine, tasks) -> tuple[list[dict], list[float]]:
-    """3 chains per task, then 2 continuations from depth 1 of each first chain (through the
-    executor protocol): the deltas as JSON without log-probs, and the log-probs in order."""
+    """:func:`start_and_branch` from a cleared prefix cache: the deltas alone, and the log-probs."""
     engine.backend.clear_prefix_cache()  # each run computes its own KV (reused KV differs in the last bits)
-    executor = LocalExecutor(engine)
-    started = executor.start([StartRequest(f"t{i}", task_record(t), 3, seed=5) for i, t in enumerate(tasks)])
-    requests = []
-    for delta in started.deltas:
-        tree = engine.tree(delta.tree_id)
-        node = tree.trajectories[min(tree.trajectories)].node_path[1]
-        if engine.can_expand(delta.tree_id, node):
-            requests.append(ExpandRequest(delta.tree_id, node, 2, seed=6))
-    expanded = executor.expand(requests)
-    records = [json.loads(to_json(r))["deltas"] for r in (started, expanded)]
-    logprobs: list[float] = []
-    for deltas in records:
-        for delta in deltas:
-            for node in delta["nodes"]:
-                logprobs += node["turn"].pop("logprobs")
-            for traj in delta["trajectories"]:
-                for turn in traj["turns"]:
-                    turn.pop("logprobs")
-    return records, logprobs
+    records, logprobs = start_and_branch(engine, tasks)
+    return [record["deltas"] for record in records], logprobs
 
 
 def test_concurrent_tools_build_the_serial_trees(env, world, tok) -> None:

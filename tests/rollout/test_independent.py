@@ -5,10 +5,10 @@ of lockstep. The trees must come out as the lockstep engine builds them, node id
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 
 import pytest
+from helpers_branching import start_and_branch
 from helpers_tiny import ScriptedPolicy, tiny_model
 
 from tracerl.agent.formats import get_format
@@ -17,8 +17,6 @@ from tracerl.envs.tools import ToolSet
 from tracerl.envs.verifiers import exact_match
 from tracerl.models.backend import HFPolicy
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
-from tracerl.core.protocol import ExpandRequest, StartRequest, task_record, to_json
-from tracerl.rollout.executor import LocalExecutor
 from tracerl.rollout.independent import streams_requests
 from tracerl.config.schema import ConfigError, resolve_config
 
@@ -62,31 +60,6 @@ def _engine(backend, env, scheduling: str, **overrides) -> RolloutEngine:
     return RolloutEngine(backend, env, FMT, exact_match, EngineConfig(**cfg))
 
 
-def _start_and_branch(engine: RolloutEngine, tasks) -> tuple[list[dict], list[float]]:
-    """3 chains per task, then 2 continuations from depth 1 of each first chain, through the
-    executor protocol; the deltas as JSON without log-probs, and the log-probs in order."""
-    executor = LocalExecutor(engine)
-    started = executor.start([StartRequest(f"t{i}", task_record(t), 3, seed=5) for i, t in enumerate(tasks)])
-    requests = []
-    for delta in started.deltas:
-        tree = engine.tree(delta.tree_id)
-        node = tree.trajectories[min(tree.trajectories)].node_path[1]
-        if engine.can_expand(delta.tree_id, node):
-            requests.append(ExpandRequest(delta.tree_id, node, 2, seed=6))
-    expanded = executor.expand(requests)
-    records = [{"deltas": json.loads(to_json(r))["deltas"], "cost": (r.rollouts, r.generated_tokens)}
-               for r in (started, expanded)]  # not the call's seconds and backend counters
-    logprobs: list[float] = []
-    for record in records:
-        for delta in record["deltas"]:
-            for node in delta["nodes"]:
-                logprobs += node["turn"].pop("logprobs")
-            for traj in delta["trajectories"]:
-                for turn in traj["turns"]:
-                    turn.pop("logprobs")
-    return records, logprobs
-
-
 def test_independent_trees_equal_lockstep_trees(env, world, tok) -> None:
     """Random tiny model, real search tool: same deltas (tokens, masks, observations, node ids,
     trajectories) whatever the schedule; sampled log-probs equal to float noise (a row alone vs
@@ -97,9 +70,9 @@ def test_independent_trees_equal_lockstep_trees(env, world, tok) -> None:
     rows: list[int] = []
     counted = NewestFirstStream(policy)
     counted.generate = lambda prefixes, params, seeds=None, routing_keys=None: rows.append(len(prefixes)) or policy.generate(prefixes, params, seeds)
-    lock, lock_lp = _start_and_branch(_engine(counted, env, "lockstep"), world.train[:3])
+    lock, lock_lp = start_and_branch(_engine(counted, env, "lockstep"), world.train[:3])
     engine = _engine(stream, env, "independent")
-    ind, ind_lp = _start_and_branch(engine, world.train[:3])
+    ind, ind_lp = start_and_branch(engine, world.train[:3])
     assert ind == lock
     assert len(ind_lp) == len(lock_lp) > 0
     assert max(abs(a - b) for a, b in zip(ind_lp, lock_lp, strict=True)) < 1e-5
@@ -107,7 +80,7 @@ def test_independent_trees_equal_lockstep_trees(env, world, tok) -> None:
     assert engine.schedule.mixed_turn_steps > 0  # episodes at different turns were in flight together
     # the lockstep setting keeps a streaming backend in batched turns
     locked = _engine(stream, env, "lockstep")
-    _start_and_branch(locked, world.train[:1])
+    start_and_branch(locked, world.train[:1])
     assert locked.schedule.requests == 0
 
 
