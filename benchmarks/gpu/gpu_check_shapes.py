@@ -90,8 +90,8 @@ def _generate_timed(policy: HFPolicy, prefixes: list[list[int]], params: Samplin
 
 def _profile(policy: HFPolicy, prefixes: list[list[int]], device: str, dtype: str, steps: int = 10) -> dict[str, Any]:
     """``steps`` decode steps under torch.profiler: wall, device-kernel time, kernel launches and sync
-    points per step (cudaStreamSynchronize, cudaDeviceSynchronize, cudaMemcpyAsync and
-    ``aten::_local_scalar_dense`` events): the figures that say whether a step is host-bound."""
+    points per step (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize (the lagged
+    engines' one wait a step, a step late), cudaMemcpyAsync and ``aten::_local_scalar_dense`` events): the figures that say whether a step is host-bound."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
@@ -104,7 +104,7 @@ def _profile(policy: HFPolicy, prefixes: list[list[int]], device: str, dtype: st
     wall = time.perf_counter() - start
     events = prof.key_averages()
     kernels = [e for e in events if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type)]
-    syncs = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+    syncs = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
                                                         "cudaMemcpyAsync", "aten::_local_scalar_dense"))
     return {"steps": steps, "wall_ms_per_step": round(1000 * wall / steps, 2),
             "device_kernel_ms_per_step": round(sum(e.self_device_time_total for e in kernels) / 1000 / steps, 2),

@@ -68,6 +68,15 @@ VARIANTS: dict[str, list[str]] = {
     # four- and five-hop questions at the temperature that put four-hop sampled success in range
     "h45_t10_temp06": ["data.world.min_hops=4", "data.world.max_hops=5", "rollout.engine.max_turns=10",
                        "rollout.engine.temperature=0.6"],
+    # five-hop questions on the five-hop base (``--set model.tiny_preset=bench_hops_long``): five searches
+    # and an answer need 6 turns, four turns of slack
+    "h5_t10": ["data.world.min_hops=5", "data.world.max_hops=5", "rollout.engine.max_turns=10"],
+    "h5_t10_temp07": ["data.world.min_hops=5", "data.world.max_hops=5", "rollout.engine.max_turns=10",
+                      "rollout.engine.temperature=0.7"],
+    "h5_t10_temp05": ["data.world.min_hops=5", "data.world.max_hops=5", "rollout.engine.max_turns=10",
+                      "rollout.engine.temperature=0.5"],
+    "h45_t10_temp07": ["data.world.min_hops=4", "data.world.max_hops=5", "rollout.engine.max_turns=10",
+                       "rollout.engine.temperature=0.7"],
 }
 """Pilot settings on top of :data:`LONG_BASE`."""
 

@@ -12,6 +12,9 @@ same number of leaves per task:
 
     python benchmarks/systems/rollout_throughput.py [--quick] [--model DIR]
 
+``--decode-engine`` picks the HF backend's decode loop (``model.decode_engine``: ``auto`` = ``eager``
+on a CPU, ``async``, ``static``); the JSON's ``setup.decode_engine`` records it.
+
 ``--backend hf,vllm`` runs both policy backends side by side in one process on the same model,
 tasks and batches (HF first: vLLM's in-process CPU worker rebinds threads), and writes
 ``benchmarks/results/rollout_throughput_backends.json`` unless ``--out`` says otherwise. vLLM
@@ -35,6 +38,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -48,6 +52,7 @@ from tracerl.envs.search import SearchIndex, search_tools
 from tracerl.envs.synthwiki import WorldConfig, build_world
 from tracerl.envs.verifiers import exact_match
 from tracerl.models.backend import HFPolicy
+from tracerl.models.factory import decode_engine
 from tracerl.core.protocol import RolloutCost
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
 from tracerl.testbed.provenance import git_state
@@ -130,6 +135,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: leave as is).")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--preset", default="small", choices=["small", "qwen3-0.6b"])
+    parser.add_argument("--decode-engine", default="auto", choices=["auto", "eager", "async", "static"],
+                        help="The HF backend's decode loop (model.decode_engine).")
     parser.add_argument("--no-prefix-cache", action="store_true", help="Disable the cross-call KV store.")
     parser.add_argument("--ragged-eos-logit", type=float, default=6.0,
                         help="EOS strength of the ragged-turns workload of the vLLM scheduling comparison (0: skip it).")
@@ -263,6 +270,7 @@ def main() -> None:
         policy.model.to(device=args.device, dtype=dtype)
     if args.no_prefix_cache:
         policy.store = None
+    policy.decode_engine = decode_engine(SimpleNamespace(decode_engine=args.decode_engine), policy.model)
     params = sum(p.numel() for p in policy.model.parameters())
     index = SearchIndex(world.documents, use_cache=False)
     env = ToolEnvironment(search_tools(index, top_k=2, max_tokens=40), EnvConfig(max_turns=args.max_turns))
@@ -287,7 +295,7 @@ def main() -> None:
         "parameters": params, "vocab": len(policy.tokenizer), "tasks": len(tasks),
         "leaves_per_task": args.leaves, "roots_per_task": args.roots, "max_turns": args.max_turns,
         "max_turn_tokens": args.turn_tokens, "device": args.device, "threads": args.threads or torch.get_num_threads(),
-        "prefix_cache": not args.no_prefix_cache,
+        "prefix_cache": not args.no_prefix_cache, "decode_engine": f"{args.decode_engine} ({policy.decode_engine})",
         "machine": platform.processor() or platform.machine(),
     }
     if args.backends == ["hf"]:  # the original file's layout, keys unchanged

@@ -272,6 +272,17 @@ class ModelConfig:
     ``model.dtype`` (autocast when bf16/fp16); ``bfloat16`` from a bf16 copy of the policy, refreshed at
     every weight sync, with no autocast and a bf16 KV cache (more weight memory; the sampler then
     differs from the trainer, so ``optim.recompute_old_logprobs = 'auto'`` recomputes the old log-probs)."""
+    decode_engine: str = "auto"
+    """The ``hf`` backend's decode loop: ``eager`` (reads each step's tokens on the host before the next
+    forward), ``async`` (the next forward launched first, tokens copied to pinned memory and stops read
+    one step late, finished rows kept in the batch until fewer than half are live), ``static`` (that
+    loop on transformers' ``StaticCache`` slots, CUDA graphs through ``torch.compile(mode="reduce-overhead")``
+    on CUDA; eager on a CPU) or ``auto`` (``eager`` for now on every device: ``async`` and ``static`` are
+    opt-in until ``benchmarks/gpu/gpu_engine_check.py`` has validated them on a GPU).
+    Seeded and greedy rows sample the same tokens under every engine (log-probs equal up to float
+    rounding at different batch sizes); rows sharing one unseeded generator always take ``eager``.
+    ``static`` is refused in one line when the backend is built if the model's cache is not full
+    attention or its attention is neither sdpa nor eager."""
     device: str = "cpu"
     """``cpu``, ``cuda`` or ``cuda:N``."""
     threads: int = 0
@@ -307,6 +318,10 @@ class ModelConfig:
         if self.generation_dtype != "auto" and self.backend != "hf":
             raise ConfigError(f"model.generation_dtype = {self.generation_dtype!r} needs model.backend = 'hf' "
                               f"(got {self.backend!r}: that engine sets its own precision)")
+        _one_of("model", "decode_engine", self.decode_engine, ["auto", "eager", "async", "static"])
+        if self.decode_engine != "auto" and self.backend != "hf":
+            raise ConfigError(f"model.decode_engine = {self.decode_engine!r} needs model.backend = 'hf' "
+                              f"(got {self.backend!r}: that engine has its own decode loop)")
         if self.threads < 0:
             raise ConfigError(f"model.threads must be >= 0 (0: $TRACERL_THREADS or all available cores), got {self.threads}")
         if self.dtype == "float16" and not self.device.startswith("cuda"):

@@ -22,58 +22,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from tracerl.models.decode_async import DynamicSlots, lagged_decode, resolve_engine
+from tracerl.models.generation import FinishReason, Generation, SamplingParams, StopChecker  # noqa: F401 - re-exported
 from tracerl.models.heads import split_head
 from tracerl.models.precision import low_precision_copy, no_autocast, refresh_copy
 from tracerl.models.sampling import same_device, sample_next, sample_next_seeded  # noqa: F401 - re-exported
 from tracerl.models.prefill import prefill
 from tracerl.models.stop_filter import stop_candidates
-from tracerl.models.prefix_cache import KVEntry, PrefixKVStore, forward_with_cache, output_cache, plain_dynamic
+from tracerl.models.prefix_cache import KVEntry, PrefixKVStore, forward_with_cache, output_cache, plain_dynamic, slot_layers
 from tracerl.models.weights import load_buckets
-
-FinishReason = Literal["stop", "eos", "length"]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one ``generate`` call samples."""
-
-    max_new_tokens: int
-    """Hard cap on generated tokens per row (ends the row with finish_reason "length")."""
-    temperature: float = 1.0
-    """Softmax temperature; 0 means greedy."""
-    top_p: float = 1.0
-    """Nucleus sampling mass in (0, 1]; 1 disables it."""
-    stop_strings: tuple[str, ...] = ()
-    """A row stops once its decoded generated text contains any of these (tokens kept)."""
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if any(not s for s in self.stop_strings):
-            raise ValueError("stop_strings must not contain empty strings")
-
-
-@dataclass
-class Generation:
-    """One sampled continuation of one prefix."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: FinishReason
-    state: list[float] | None = None
-    """The policy's last-layer hidden state [H] at the prefix's last token (the state the turn was
-    sampled from), when the backend records states (:attr:`HFPolicy.record_states`); else None."""
-
 
 @runtime_checkable
 class PolicyBackend(Protocol):
@@ -111,24 +72,6 @@ class PolicyBackend(Protocol):
         ...
 
 
-class StopChecker:
-    """Per-row stop-string detection on a short decoded tail (avoids O(n^2) decoding)."""
-
-    def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...]) -> None:
-        self.tokenizer = tokenizer
-        self.stop_strings = stop_strings
-        # A stop string can span at most len(s) tokens when each token decodes to >= 1 char;
-        # a few extra tokens cover byte-level pieces that decode to partial characters.
-        self.window = max((len(s) for s in stop_strings), default=0) + 4
-
-    def hit(self, generated: list[int]) -> bool:
-        if not self.stop_strings:
-            return False
-        tail = self.tokenizer.decode(generated[-self.window :], skip_special_tokens=False)
-        return any(s in tail for s in self.stop_strings)
-
-
-
 class HFPolicy:
     """A Hugging Face causal LM as a :class:`PolicyBackend`.
 
@@ -148,7 +91,7 @@ class HFPolicy:
     """
 
     def __init__(self, model: Any, tokenizer: Any, prefix_cache_bytes: int = 256 * 2**20,
-                 generation_dtype: torch.dtype | None = None) -> None:
+                 generation_dtype: torch.dtype | None = None, decode_engine: str = "eager") -> None:
         self.model = model
         self.copy: Any = low_precision_copy(model, generation_dtype) if generation_dtype is not None else None
         """``model.generation_dtype = 'bfloat16'``: the frozen bf16 copy every forward of this policy runs
@@ -166,6 +109,13 @@ class HFPolicy:
         self.record_states = False
         """Return each prefix's last-token hidden state in ``Generation.state`` (the success
         predictor's ``hidden`` input); read off the prefill forward that runs anyway."""
+        self.decode_engine = decode_engine
+        """``model.decode_engine``: ``eager`` (:meth:`_decode`), ``async`` or ``static``
+        (:mod:`~tracerl.models.decode_async`, :mod:`~tracerl.models.static_decode`), ``auto``
+        (``eager`` until the fast engines are validated on a GPU); :func:`~tracerl.models.factory.decode_engine` refuses
+        ``static`` in one line for a model it cannot run on."""
+        self.static_pool: Any = None
+        """The static engine's :class:`~tracerl.models.static_decode.SlotPool` (made at its first call)."""
 
     @classmethod
     def from_pretrained(
@@ -282,7 +232,7 @@ class HFPolicy:
                 cache.batch_select_indices(index)  # repeat the shared prefix rows
             rows = [(seqs[u], hits[u][0]) for u in row_to_unique]
             row_seeds = torch.tensor(seeds, dtype=torch.int64, device=logits.device) if seeds is not None else None
-            gens = self._decode(logits[index], cache, mask[index], rows, params, generator, row_seeds)
+            gens = self._decode_with_engine(logits[index], cache, mask[index], rows, params, generator, row_seeds)
         finally:
             self.net.train(was_training)
         if states is not None:
@@ -329,6 +279,25 @@ class HFPolicy:
             return prefill(self.net, seqs, hits, self.pad_token_id, self.record_states)
 
     # --- decode ----------------------------------------------------------------------------
+
+    def _decode_with_engine(self, logits: torch.Tensor, cache: Any, mask: torch.Tensor,
+                            rows: list[tuple[list[int], KVEntry | None]], params: SamplingParams,
+                            generator: torch.Generator | None, seeds: torch.Tensor | None) -> list[Generation]:
+        """:attr:`decode_engine`'s loop. Rows sharing one unseeded generator draw in batch order, so
+        they stay on the eager loop whatever the engine (the others keep finished rows in the batch)."""
+        engine = resolve_engine(self.decode_engine, self.device)
+        if engine == "eager" or (seeds is None and params.temperature > 0):
+            return self._decode(logits, cache, mask, rows, params, generator, seeds)
+        if engine == "static":
+            from tracerl.models.static_decode import SlotPool, StaticSlots  # transformers' StaticCache, on demand
+
+            self.static_pool = self.static_pool or SlotPool(compiled=self.device.type == "cuda")
+            try:
+                slots = StaticSlots(self, self.static_pool, cache, mask, params.max_new_tokens)
+                return lagged_decode(self, logits, slots, rows, params, seeds)
+            finally:
+                self.static_pool.prune()  # slots this call did not use: memory back, not kept for later
+        return lagged_decode(self, logits, DynamicSlots(self, cache, mask), rows, params, seeds)
 
     def _decode(
         self,
@@ -408,7 +377,7 @@ class HFPolicy:
         tokens: list[list[int]],
     ) -> None:
         """Copy finished rows' KV (prefix + generated tokens but the last) into the store."""
-        if self.store is None or not finished or not plain_dynamic(cache):
+        if self.store is None or not finished or not (plain_dynamic(cache) or slot_layers(cache)):
             return
         host = mask[[slot for _, slot in finished]].cpu()  # one device-to-host copy, not a nonzero() per row
         for (row, slot), row_mask in zip(finished, host, strict=True):

@@ -11,6 +11,8 @@ import importlib.util
 from typing import Any
 
 from tracerl.models.backend import HFPolicy, PolicyBackend
+from tracerl.models import precision
+from tracerl.models.decode_async import resolve_engine
 from tracerl.models.precision import DTYPES
 
 BACKENDS = ("hf", "vllm")
@@ -36,7 +38,7 @@ def make_backend(config: Any, model: Any, tokenizer: Any, *, seed: int = 0) -> P
     name = getattr(config, "backend", "hf")
     if name == "hf":
         copy = DTYPES["bfloat16"] if getattr(config, "generation_dtype", "auto") == "bfloat16" else None
-        return HFPolicy(model, tokenizer, generation_dtype=copy)
+        return HFPolicy(model, tokenizer, generation_dtype=copy, decode_engine=decode_engine(config, model))
     if name == "vllm":
         if not vllm_available():
             raise ValueError(VLLM_MISSING)
@@ -45,6 +47,23 @@ def make_backend(config: Any, model: Any, tokenizer: Any, *, seed: int = 0) -> P
         return VLLMPolicy(model, tokenizer, gpu_memory_utilization=config.vllm_gpu_memory_utilization, seed=seed,
                           enable_sleep_mode=bool(getattr(config, "vllm_sleep", False)))
     raise ValueError(f"model.backend = {name!r} is not valid; allowed values: {', '.join(BACKENDS)}")
+
+
+def decode_engine(config: Any, model: Any) -> str:
+    """``model.decode_engine`` resolved for ``model`` (a ``ModelConfig`` without the field: ``auto``).
+
+    ``static`` on a model it cannot run on is refused in one line (``auto`` resolves to ``eager``
+    today; were it to resolve to ``static``, it would take ``async`` there, never fail)."""
+    name = getattr(config, "decode_engine", "auto")
+    engine = resolve_engine(name, precision.model_device(model))
+    if engine == "static":
+        from tracerl.models.static_decode import static_refusal  # transformers' StaticCache: loaded on demand
+
+        refusal = static_refusal(model)
+        if refusal is not None and name == "static":
+            raise ValueError(refusal)
+        engine = "async" if refusal is not None else engine
+    return engine
 
 
 def make_reference_engine(config: Any, reference_model: Any, tokenizer: Any, *, seed: int = 0) -> Any:

@@ -180,3 +180,13 @@ def plain_dynamic(cache: Any) -> bool:
     from transformers.cache_utils import DynamicLayer
 
     return all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None]))
+
+
+def slot_layers(cache: Any) -> bool:
+    """A static cache of full-attention slots (the static decode engine's): rows sliceable like
+    :func:`plain_dynamic`'s."""
+    from transformers.cache_utils import StaticLayer
+
+    layers = getattr(cache, "layers", None) or []
+    return bool(layers) and all(type(layer) is StaticLayer for layer in layers)
+
