@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol import factorial_table, protocol_table
-from tables import fmt, pm, table, title
+from tables import fmt, lr_controls_table, pm, table, title
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -395,6 +395,10 @@ def table_parts(results: Path = RESULTS) -> list[str]:
     path = results / "testbed_levers.json"
     if path.exists():
         parts.append(_levers_table(json.loads(path.read_text())))
+    path = results / "lr_controls.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        parts.append(_labelled(lr_controls_table(data), path, data, results))
     for path in sorted(results.glob("allocation_effective_ratio*.json")):
         data = json.loads(path.read_text())
         if "predictor_per_step" not in data:  # the offline predictor-input comparisons have no per-step table

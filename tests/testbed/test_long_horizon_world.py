@@ -77,7 +77,7 @@ def test_pilot_variants_resolve_to_the_long_setting() -> None:
     for name, overrides in pilot.VARIANTS.items():
         config = resolve("trace_credit", pilot.RUN + pilot.LONG_BASE + overrides, False)
         world = config.data.world
-        assert world.min_hops == 4 and world.max_hops in (4, 5) and world.distractors == 1, name
+        assert world.min_hops in (4, 5) and world.max_hops in (4, 5) and world.distractors == 1, name
         assert config.model.tiny_preset == "bench_hops_lookalike" and config.rollout.engine.max_turns >= world.max_hops + 3
 
 
