@@ -1,9 +1,10 @@
 """verl's own trainer with TRACE, end to end on the CPU (run with `make test-verl`; skipped where verl
 is missing): `python -m verl.trainer.main_ppo` with the `tracerl_sync` trainer, the
 `TraceAgentLoopManager`, `tracerl_trace_credit` and tracerl's HF rollout server (`tracerl_hf`), on
-the smoke tiny model, exactly as `examples/verl/cpu/{prepare.py,run.sh}` run it: readiness scored on
-verl's reference worker (`+tracerl.readiness=reference_worker`), checked against tracerl's own HF
-reference and estimator in the run (`+tracerl.check=true`).
+the smoke tiny model, exactly as `examples/verl/cpu/{prepare.py,run.sh}` run it: two actor ranks and
+so two rollout replicas, the trees expanded on two agent-loop workers (`agent.num_workers=2`),
+readiness scored on verl's reference worker (`+tracerl.readiness=reference_worker`), checked against
+tracerl's own HF reference and estimator in the run (`+tracerl.check=true`).
 
 Two runs: 2 steps straight (a validation first, a checkpoint each step); then, with the step-2
 checkpoint removed and the step-1 one marked latest, a resume (``resume_mode=auto``) to step 2. Step 2 of the resumed run must equal
@@ -88,6 +89,8 @@ def test_two_steps_a_validation_and_a_checkpoint(runs) -> None:
     first, metrics, latest, saved, _, _ = runs
     assert "Initial validation metrics" in first and sorted(metrics) == [0, 1, 2]
     assert "val-core/synthwiki/reward/mean@1" in metrics[0]
+    assert "LLMServerManager: ['tracerl_hf-0', 'tracerl_hf-1']" in first  # two rollout replicas
+    assert all(metrics[step]["tracerl/tree_workers"] == 2 for step in (1, 2))  # trees on two agent-loop workers
     assert latest == "2"
     for step in (1, 2):
         assert "tracerl_predictor.pt" in saved[step] and "actor" in saved[step], saved

@@ -7,7 +7,6 @@ TransferQueue with its own reward, read back with TransferQueue's API."""
 
 from __future__ import annotations
 
-import os
 import sys
 import uuid
 from pathlib import Path
@@ -37,41 +36,7 @@ from tracerl.models.scoring import ReferenceScorer  # noqa: E402
 from tracerl.rollout.executor import LocalExecutor, VersionError  # noqa: E402
 
 BUDGET, SEED, GROUP = 24, 5, 4
-CONFIG = OmegaConf.create({
-    "actor_rollout_ref": {"rollout": {"name": "vllm", "val_kwargs": {"n": 2, "temperature": 1.0}}},
-    "reward": {"reward_model": {"enable": False}},
-})
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """One local Ray cluster (8 logical CPUs: TransferQueue hangs with 2) and TransferQueue."""
-    import ray
-    import transfer_queue as tq
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}})
-    tq.init()
-    yield ray, tq
-    tq.close()
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def servers(cluster):
-    """verl's real router (``get_router_handle``) and ``LLMServerClient`` over 2 HF server actors."""
-    from verl_servers import HFServer
-    from verl.workers.rollout.llm_server import LLMServerClient
-    from verl.workers.rollout.router import get_router_handle
-
-    ray, _ = cluster
-    _, _, policy = shared()
-    actor = ray.remote(HFServer)
-    weights = ray.put((policy.model, policy.tokenizer))
-    handles = {f"server-{i}": actor.remote(*ray.get(weights), f"server-{i}", 0) for i in range(2)}
-    client = LLMServerClient(config=CONFIG, load_balancer_handle=get_router_handle(handles))
-    return client, handles
+from verl_servers import CONFIG  # noqa: E402
 
 
 def _scheme() -> object:
@@ -320,7 +285,17 @@ def test_build_parts_reads_the_tracerl_section(tmp_path) -> None:
     assert torch.get_num_threads() == 1  # set explicitly (verl's TaskRunner starts with OMP_NUM_THREADS=1)
     assert (type(parts.scheme).__name__, parts.budget) == ("TraceScheme", 8)
     assert parts.reference is not None and parts.predictor is parts.scheme.predictor
-    assert "search" in parts.environment.tools.names
+    # trees are expanded on tree workers by default: the environment is theirs, none is built here
+    assert parts.environment is None and parts.expansion == "tracerl.integrations.verl.workers:expansion_parts"
+    from tracerl.integrations.verl.workers import expansion_parts
+
+    config = OmegaConf.create({**verl, "tracerl": {"preset": "trace", "overrides": overrides}})
+    built = expansion_parts(config)  # what each worker builds
+    assert "search" in built.environment.tools.names and built.engine == parts.engine
+    driver = build_parts(OmegaConf.merge(config, {"tracerl": {"expansion": "driver"}}))
+    assert "search" in driver.environment.tools.names and driver.expansion is None
+    with pytest.raises(UserError, match=r"tracerl.expansion = 'ray' is not valid; allowed values: workers, driver"):
+        build_parts(OmegaConf.merge(config, {"tracerl": {"expansion": "ray"}}))
     with pytest.raises(UserError, match="predictor.features = 'hidden': verl's servers return no hidden states"):
         build_parts(OmegaConf.create({**verl, "tracerl": {"overrides": overrides + ["predictor.features=hidden"]}}))
     with pytest.raises(UserError, match="needs a `tracerl` section"):
@@ -452,18 +427,6 @@ def test_readiness_on_a_reference_worker_verl_does_not_build_is_refused(monkeypa
     trainer.use_reference_policy = True
     monkeypatch.setattr(PPOTrainerSync, "fit", lambda self, m: "fitted")
     assert trainer.fit(manager) == "fitted" and manager.verl_reference.compute == trainer.reference_logprobs
-
-
-@pytest.fixture()
-def failing(servers, cluster):
-    """Make both servers raise on the requests whose prompt holds a text; healthy again after the test."""
-    ray, handles = cluster[0], servers[1]
-
-    def fail(text):
-        ray.get([h.fail_requests_containing.remote(text) for h in handles.values()])
-
-    yield fail
-    fail(None)
 
 
 def test_a_failed_request_fails_its_tree_only(step, servers, cluster, failing) -> None:

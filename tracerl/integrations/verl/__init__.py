@@ -18,7 +18,10 @@
 * :mod:`.manager`: ``TraceAgentLoopManager``, TRACE as verl's ``agent_loop_manager_class``;
 * :mod:`.settings`: the manager's start-up checks (verl settings refused in one line, tracerl
   settings verl's config owns: model path, tokenizer, optimiser) and its failure settings;
-* :mod:`.predictor_io`: the predictor's file in verl's checkpoint (read with ``weights_only``).
+* :mod:`.predictor_io`: the predictor's file in verl's checkpoint (read with ``weights_only``);
+* :mod:`.readiness`: where the frozen reference scores readiness (``+tracerl.readiness``) and the
+  tokens each place forwards; :mod:`.reference` (verl's reference worker) and
+  :mod:`.readiness_servers` (frozen-reference servers the ``tracerl_sync`` trainer starts).
 
 This package's ``__init__`` imports nothing, so :mod:`.rows` stays usable without verl.
 """

@@ -5,7 +5,8 @@ verl's v1 trainer drives rollout servers through three pieces, each provided her
 * :class:`HFServer`, the server actor: verl's server ``generate(prompt_ids, sampling_params,
   request_id)`` answered by tracerl's :class:`~tracerl.models.backend.HFPolicy` (vLLM's parameter
   names: ``max_tokens``, ``temperature``, ``top_p``, ``stop`` with ``include_stop_str_in_output``,
-  ``seed``, ``logprobs``), with the weights step it holds in ``extra_fields["global_steps"]``.
+  ``stop_token_ids`` (as the strings those tokens decode to), ``seed``, ``logprobs``), with the
+  weights step it holds in ``extra_fields["global_steps"]``.
   Requests that arrive together are sampled as one batch; every row keeps its own seed, so a row's
   tokens do not depend on its batch (the same tokens as ``HFPolicy`` with that seed).
 * :class:`HFReplica`, verl's ``RolloutReplica`` (``verl/workers/rollout/replica.py``):
@@ -24,6 +25,7 @@ no paged KV cache, weights copied through Ray's object store each step. The plug
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -34,6 +36,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from tracerl.integrations.verl.names import ROLLOUT_NAME
+from tracerl.integrations.verl.readiness import prompt_logprobs_fields
 from tracerl.models.backend import Generation, HFPolicy, SamplingParams
 
 NAME = ROLLOUT_NAME
@@ -57,6 +60,14 @@ def sampling(sp: dict[str, Any], default_max_tokens: int) -> tuple[SamplingParam
     return params, None if seed is None else int(seed)
 
 
+def _cut(gen: Generation, max_tokens: int) -> Generation:
+    """``gen`` as a row asking for ``max_tokens`` would have ended (its text is not read: verl's
+    server answers token ids)."""
+    if len(gen.token_ids) <= max_tokens:
+        return gen
+    return Generation(gen.token_ids[:max_tokens], gen.logprobs[:max_tokens], "", "length", gen.state)
+
+
 class HFServer:
     """One rollout server: an :class:`HFPolicy` over the checkpoint at ``model_path`` (float32)."""
 
@@ -75,7 +86,17 @@ class HFServer:
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str | None = None,
                        image_data: Any = None, video_data: Any = None, **_: Any) -> TokenOutput:
+        if sampling_params.get("prompt_logprobs") is not None:  # a frozen-reference request (readiness)
+            async with self._lock:
+                extra = await asyncio.to_thread(prompt_logprobs_fields, self.policy.model, list(prompt_ids),
+                                                sampling_params)
+            return TokenOutput(token_ids=[0], log_probs=None, stop_reason="completed",
+                               extra_fields={"global_steps": self.global_steps, **extra})
         params, seed = sampling(dict(sampling_params), self.response_length)
+        stop_ids = sampling_params.get("stop_token_ids") or ()
+        if stop_ids:  # vLLM's stop_token_ids (a verl tool parser's), as the strings they decode to
+            extra = tuple(self.policy.tokenizer.decode([int(t)]) for t in stop_ids)
+            params = dataclasses.replace(params, stop_strings=params.stop_strings + extra)
         future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
         self._pending.append((list(prompt_ids), params, seed, future))
         if self._drainer is None or self._drainer.done():
@@ -90,12 +111,16 @@ class HFServer:
         await asyncio.sleep(0)  # let the requests sent together arrive first
         while self._pending:
             taken, self._pending = self._pending, []
+            # rows that differ only in max_tokens (independent turns ask for each row's own budget)
+            # sample as one batch at the largest and are cut to their own: every row has its own seed,
+            # so its first tokens are the same whatever it runs beside
             groups: dict[SamplingParams, list[Any]] = {}
             for row in taken:
-                groups.setdefault(row[1], []).append(row)
+                groups.setdefault(dataclasses.replace(row[1], max_new_tokens=1), []).append(row)
             async with self._lock:
-                for params, rows in groups.items():
+                for key, rows in groups.items():
                     seeds = [r[2] for r in rows]
+                    params = dataclasses.replace(key, max_new_tokens=max(r[1].max_new_tokens for r in rows))
                     try:
                         gens = await asyncio.to_thread(self.policy.generate, [r[0] for r in rows], params,
                                                        None if None in seeds else seeds)
@@ -104,7 +129,7 @@ class HFServer:
                             r[3].set_exception(err)
                         continue
                     for r, gen in zip(rows, gens, strict=True):
-                        r[3].set_result(gen)
+                        r[3].set_result(_cut(gen, r[1].max_new_tokens))
 
     async def load_weights(self, state: dict[str, torch.Tensor], global_steps: int | None) -> int:
         """The actor's weights after step ``global_steps`` (cast to the server's dtype); clears the prefix store."""
@@ -155,7 +180,7 @@ class HFReplica(RolloutReplica):
 
     async def launch_servers(self) -> None:
         server = ray.remote(HFServer).options(
-            name=f"{SERVER_PREFIX}{self.replica_rank}", num_cpus=0, max_concurrency=self.max_concurrency,
+            name=f"{SERVER_PREFIX}{self.replica_rank}{self.name_suffix}", num_cpus=0, max_concurrency=self.max_concurrency,
         ).remote(os.path.expanduser(str(self.model_config.path)), self.config.response_length)
         self.servers = [server]
         self._server_handle = server

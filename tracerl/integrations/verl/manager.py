@@ -8,10 +8,13 @@ buffer until every prompt's tag says ``finished``; it trains on the samples whos
 
 1. reads the tasks from the batch (:func:`task_from_row`: question, gold answers; task ids from
    the data, :func:`stable_ids`, so every run and every resume samples the same rows);
-2. plans with tracerl's TRACE scheme and success predictor (a :class:`RolloutSession` on a
-   :class:`LocalExecutor` whose engine samples through :class:`VerlServerPolicy` over verl's
-   ``LLMServerClient``: request id = tree id, per-row seeds, stop strings, log-probs, weights step
-   checked), spending exactly ``rollout.budget`` rollouts: the step's sample count; a failed or
+2. plans with tracerl's TRACE scheme and success predictor (a :class:`RolloutSession`), spending
+   exactly ``rollout.budget`` rollouts: the step's sample count. The trees are expanded on
+   ``actor_rollout_ref.rollout.agent.num_workers`` tree workers (Ray actors, :mod:`.workers`: the
+   environment and a rollout engine each, requests to verl's ``LLMServerClient`` through
+   :class:`VerlServerPolicy` with independent turn scheduling: request id = tree id, per-row seeds
+   and ``max_tokens``, stop strings, log-probs, weights step checked); ``+tracerl.expansion=driver``
+   expands them in this process instead (a :class:`LocalExecutor`, the same trees); a failed or
    timed-out request fails its tree only (written as zero, counted in ``failed_trees``), and
    ``max_failed_steps`` steps in a row with at least half the trees failed stop the run;
 3. scores readiness with the frozen HF reference in this process (``ReferenceScorer``: the
@@ -54,12 +57,12 @@ from tracerl.integrations.verl.check import check_registrations
 from tracerl.integrations.verl.leaves import leaf_samples, mark_failed
 from tracerl.integrations.verl.predictor_io import PREDICTOR_FILE as PREDICTOR_FILE  # in global_step_{n}/
 from tracerl.integrations.verl.predictor_io import load_predictor_state, save_predictor_state
-from tracerl.integrations.verl.reference import VerlReference
+from tracerl.integrations.verl.readiness_modes import connect_reference, readiness_scorer
 from tracerl.integrations.verl.server_policy import VerlServerPolicy
 from tracerl.integrations.verl.settings import READINESS as READINESS  # re-exported: callers import them here
 from tracerl.integrations.verl.settings import SERVERS as SERVERS
 from tracerl.integrations.verl.settings import check_model_path, check_optim, check_sampling, check_verl_config
-from tracerl.integrations.verl.settings import failure_settings, reference_model, verl_tokenizer
+from tracerl.integrations.verl.settings import failure_settings, reference_model, tracerl_config, verl_tokenizer
 from tracerl.rollout.engine import EngineConfig, RolloutEngine
 from tracerl.rollout.executor import LocalExecutor
 
@@ -82,8 +85,13 @@ class TraceParts:
     """The frozen ``ReferenceScorer`` (readiness); None without TRACE credit."""
     seed: int = 0
     verl_reference: Any = None
-    """With ``+tracerl.readiness=reference_worker``: the :class:`~.reference.VerlReference` the
-    reference scores through (the ``tracerl_sync`` trainer connects it to verl's reference worker)."""
+    """The batch scorer the reference scores through, whose counters the step logs
+    (:func:`~.readiness.readiness_scorer`): tracerl's forward (``in_process``), verl's reference
+    worker (``reference_worker``: the ``tracerl_sync`` trainer connects it) or the frozen-reference
+    servers (``reference_server``: connected to verl's ``teacher_client`` here)."""
+    expansion: Any = None
+    """What tree workers build their parts with (:mod:`.workers`: an import path or a function of
+    verl's config); None: the trees are expanded in this process over ``environment``."""
 
 
 def _gold(reward_model: Any) -> tuple[str, ...]:
@@ -119,7 +127,8 @@ def stable_ids(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     the prompt), ``.k`` added to a repeat within the batch. verl's ``uid`` is a fresh ``uuid4`` per
     row, and tracerl derives every row's sampling seed from the tree's task id, so ids from uids
     would make two runs (or a run and its resume) sample differently."""
-    out, seen = [], {}
+    out: list[str] = []
+    seen: dict[str, int] = {}
     for row in rows:
         extra = row.get("extra_info") or {}
         index = extra.get("index") if isinstance(extra, Mapping) else None
@@ -163,16 +172,28 @@ class TraceAgentLoopManager:
         self.llm_client = llm_client
         self.parts = parts if parts is not None else build_parts(config)
         self.verl_reference = self.parts.verl_reference
+        connect_reference(self.verl_reference, teacher_client)  # reference_server: verl's teacher_client
         timeout, self.max_failed_steps = failure_settings(config.get("tracerl", None))
-        self.policy = VerlServerPolicy(llm_client, self.parts.tokenizer, timeout_s=timeout)
         self.failed_steps = 0
         """Consecutive training steps in which at least half the trees failed (:meth:`_failures`)."""
         self.last_failed: dict[str, str] = {}
         p = self.parts
         score = p.reference.score_nodes if p.reference is not None else None
-        self.executor = LocalExecutor(RolloutEngine(self.policy, p.environment, p.fmt, p.verifier, p.engine), score)
         val_engine = check_sampling(config, p.engine)
-        self.val_executor = LocalExecutor(RolloutEngine(self.policy, p.environment, p.fmt, p.verifier, val_engine))
+        workers = int(config.actor_rollout_ref.rollout.get("agent", {}).get("num_workers", 8))
+        self.executor: Any
+        self.val_executor: Any
+        self.policy: Any = None
+        if p.expansion is not None and workers > 0:
+            from tracerl.integrations.verl.workers import WorkerExecutor  # imports Ray: only where used
+
+            self.executor = WorkerExecutor.launch(workers, p.expansion, config, llm_client, timeout, score)
+            self.val_executor = self.executor.view("val")
+            self.counters: Any = self.executor  # the servers' counters (stats) and failed trees (take_failed)
+        else:
+            self.policy = self.counters = VerlServerPolicy(llm_client, self.parts.tokenizer, timeout_s=timeout)
+            self.executor = LocalExecutor(RolloutEngine(self.policy, p.environment, p.fmt, p.verifier, p.engine), score)
+            self.val_executor = LocalExecutor(RolloutEngine(self.policy, p.environment, p.fmt, p.verifier, val_engine))
         self.val_n = int((config.actor_rollout_ref.rollout.get("val_kwargs", {}) or {}).get("n", 1))
         self.last_trees: list[RolloutTree] = []
         self.last_tasks: list[Task] = []
@@ -192,8 +213,10 @@ class TraceAgentLoopManager:
             row.pop("validate", None)
         partition = "val" if validate else "train"
         uids = [str(r["uid"]) for r in rows]
+        clock = time.perf_counter()
         for uid in uids:
             tq.kv_put(key=uid, partition_id=partition, tag={"status": "running"})
+        queue_seconds = time.perf_counter() - clock
         try:
             global_steps = int(rows[0]["global_steps"])
             # sync trainer: step g samples with the weights of step g - 1; validation after step g with g's
@@ -201,6 +224,7 @@ class TraceAgentLoopManager:
             tasks = [task_from_row(r, i) for r, i in zip(rows, stable_ids(rows), strict=True)]
             self.last_tasks = tasks
             trees = self.validate(tasks, global_steps, version) if validate else self.step(tasks, global_steps, version)
+            clock = time.perf_counter()
             keys, fields, tags = leaf_samples(trees, {t.id: u for t, u in zip(tasks, uids, strict=True)},
                                               dict(zip(uids, rows, strict=True)), global_steps, version,
                                               session_per_leaf=validate, failed=self.last_failed)
@@ -212,6 +236,8 @@ class TraceAgentLoopManager:
             raise
         for uid in uids:
             tq.kv_put(key=uid, partition_id=partition, tag={"status": "finished"})
+        if not validate:  # the batch's TransferQueue writes (status tags, leaves): outside rollout_seconds
+            self.last_metrics["transfer_queue_seconds"] = queue_seconds + time.perf_counter() - clock
 
     # --- the step ------------------------------------------------------------------------
 
@@ -221,33 +247,43 @@ class TraceAgentLoopManager:
         p = self.parts
         self.executor.sync_weights(None, version)
         session = RolloutSession(self.executor, seed=derive_seed(p.seed, "verl_step", global_steps), version=version)
-        start, tokens, before = time.perf_counter(), self.policy.stats["generated_tokens"], dict(self.policy.stats)
+        counters = self.counters
+        start, tokens, before = time.perf_counter(), counters.stats.get("generated_tokens", 0), dict(counters.stats)
         planner = torch.Generator().manual_seed(derive_seed(p.seed, "verl_plan", global_steps))  # the same on resume
         if p.verl_reference is not None:  # its counts are the step's
-            p.verl_reference.rows, p.verl_reference.max_gap = 0, 0.0
-        self.policy.take_failed()
+            p.verl_reference.reset()
+        counters.take_failed()
+        take = getattr(self.executor, "take_metrics", None)
+        if callable(take):
+            take()  # the tree workers' counters are the step's (not a validation's before it)
         result = p.scheme.collect(session, list(tasks), p.budget, planner)
-        failed = self.last_failed = self.policy.take_failed()
+        failed = self.last_failed = counters.take_failed()
         kept = mark_failed(result.trees, failed)
         if p.reference is not None:
             session.score(kept)  # leaves of the last top-up are not scored by the scheme
         if result.cost.rollouts != p.budget:
             raise RuntimeError(f"step {global_steps}: the scheme spent {result.cost.rollouts} rollouts "
                                f"of the budget {p.budget}")
-        seconds, tokens = time.perf_counter() - start, self.policy.stats["generated_tokens"] - tokens
+        seconds, tokens = time.perf_counter() - start, counters.stats.get("generated_tokens", 0) - tokens
         self.last_metrics = {**result.info, "leaves": float(p.budget), "rollout_seconds": seconds,
                              "generated_tokens": float(tokens), "rollout_tokens_per_s": tokens / max(seconds, 1e-9),
-                             "failed_trees": float(len(failed))}
-        reported = self.policy.stats["reported_prompt_tokens"] - before["reported_prompt_tokens"]
+                             "failed_trees": float(len(failed)),
+                             # where the step's wall time went: tree expansion (start + expand, the
+                             # servers and tools) vs readiness scoring; the rest is planning
+                             "generation_seconds": session.seconds["execute"],
+                             "readiness_seconds": session.seconds["score"]}
+        reported = counters.stats.get("reported_prompt_tokens", 0) - before.get("reported_prompt_tokens", 0)
         if reported:  # vLLM reports num_cached_tokens: the share of prompt tokens its prefix cache served
-            cached = self.policy.stats["cached_prompt_tokens"] - before["cached_prompt_tokens"]
+            cached = counters.stats.get("cached_prompt_tokens", 0) - before.get("cached_prompt_tokens", 0)
             self.last_metrics["prefix_cache_hit_rate"] = cached / reported
-        if p.verl_reference is not None:
-            self.last_metrics["reference_rows"] = float(p.verl_reference.rows)
-            if p.verl_reference.check is not None:
-                self.last_metrics["readiness_max_abs_diff"] = p.verl_reference.max_gap
+        if p.verl_reference is not None:  # rows, tokens forwarded against full-prefix rows, the check's gap
+            self.last_metrics.update(p.verl_reference.metrics())
+        if callable(take):  # the tree workers' share of the step
+            self.last_metrics.update(take())
         if p.predictor is not None and kept:  # a failed tree says nothing about the policy
+            clock = time.perf_counter()
             self.last_metrics.update(p.predictor.update(kept))
+            self.last_metrics["predictor_seconds"] = time.perf_counter() - clock
         session.forget()
         self.last_trees = result.trees
         self._failures(failed, len(result.trees), global_steps)
@@ -268,9 +304,9 @@ class TraceAgentLoopManager:
         self.val_executor.sync_weights(None, version)
         session = RolloutSession(self.val_executor, seed=derive_seed(self.parts.seed, "verl_val", global_steps),
                                  version=version)
-        self.policy.take_failed()
+        self.counters.take_failed()
         trees, _ = session.start(list(tasks), [self.val_n] * len(tasks), [f"val-{t.id}" for t in tasks])
-        self.last_failed = self.policy.take_failed()
+        self.last_failed = self.counters.take_failed()
         mark_failed(trees, self.last_failed)
         session.forget()
         return trees
@@ -292,6 +328,12 @@ class TraceAgentLoopManager:
         self.parts.predictor.load_state_dict(load_predictor_state(folder))
 
 
+WORKER_BUILD = "tracerl.integrations.verl.workers:expansion_parts"
+"""What tree workers build their environment and engine with (:func:`.workers.expansion_parts`)."""
+EXPANSIONS = ("workers", "driver")
+"""Values of ``+tracerl.expansion``: where trees are expanded (module docstring)."""
+
+
 def build_parts(config: Any) -> TraceParts:
     """:class:`TraceParts` from ``config.tracerl``: ``preset``, ``config_file`` (a tracerl YAML) and
     ``overrides`` (``a.b=value`` strings), resolved as ``tracerl train`` would. Tokenizer and the
@@ -305,31 +347,37 @@ def build_parts(config: Any) -> TraceParts:
     ``OMP_NUM_THREADS=1``; on the CPU its torch threads are set explicitly from tracerl's
     ``model.threads``, 0: the cores this process may use, and a reference over 1B parameters on the
     CPU is warned about in one line) or ``reference_worker`` (verl's own reference worker, through
-    the ``tracerl_sync`` trainer: :mod:`.reference`; only the tokenizer is loaded here).
+    the ``tracerl_sync`` trainer: :mod:`.reference`; only the tokenizer is loaded here) or
+    ``reference_server`` (frozen-reference servers on GPUs of their own that the ``tracerl_sync``
+    trainer starts and verl hands over as ``teacher_client``: :mod:`.readiness`).
     ``+tracerl.check=true`` loads the HF copy beside it and logs the largest readiness difference
-    (``tracerl/readiness_max_abs_diff``); the trainer then also compares every advantage."""
+    (``tracerl/readiness_max_abs_diff``); the trainer then also compares every advantage.
+
+    ``+tracerl.expansion`` says where trees are expanded: ``workers`` (the default: verl's
+    ``agent.num_workers`` tree workers build the environment, :mod:`.workers`; none is built here)
+    or ``driver`` (this process, over an environment built here)."""
     from tracerl.agent.formats import get_format
     from tracerl.allocation.predictor import SuccessPredictor
     from tracerl.allocation.schemes import get_scheme
     from tracerl.envs.verifiers import get_verifier
     from tracerl.models.precision import DTYPES
-    from tracerl.models.scoring import EMPTY_THINK, ReferenceScorer
+    from tracerl.models.scoring import EMPTY_THINK
     from tracerl.models.threads import set_threads
     from tracerl.config.schema import resolve_config
     from tracerl.train.data import load_task_data, run_environment
 
-    section = config.get("tracerl", None)
-    if section is None:
-        raise UserError("TraceAgentLoopManager needs a `tracerl` section: +tracerl.config_file=PATH (a tracerl YAML)")
+    cfg = tracerl_config(config)
+    section = config.tracerl
     preset = str(section.get("preset", "trace"))
-    cfg = resolve_config(preset, config_file=section.get("config_file", None),
-                         overrides=[str(o) for o in section.get("overrides", [])])
+    expansion = str(section.get("expansion", "workers"))
+    if expansion not in EXPANSIONS:
+        raise UserError(f"tracerl.expansion = {expansion!r} is not valid; allowed values: {', '.join(EXPANSIONS)}")
     readiness = str(section.get("readiness", "in_process"))
     if readiness not in READINESS:
         raise UserError(f"tracerl.readiness = {readiness!r} is not valid; allowed values: {', '.join(READINESS)}")
     check_model_path(config, cfg.model.name_or_path, resolve_config(preset).model.name_or_path)
     threads = set_threads(cfg.model.threads, cfg.model.device)
-    on_worker = cfg.algo.credit and readiness == "reference_worker"
+    on_worker = cfg.algo.credit and readiness != "in_process"  # weights in verl's reference worker or servers
     check = bool(section.get("check", False))
     check_optim(config, cfg.optim, resolve_config(preset).optim)
     tokenizer = verl_tokenizer(config)  # verl's tokenizer_path and trust_remote_code, as its actor's
@@ -342,20 +390,23 @@ def build_parts(config: Any) -> TraceParts:
                           f"CPU with {threads} torch threads: expect hours a step; set +tracerl.readiness="
                           "reference_worker (verl's reference worker) or tracerl model.device=cuda", stacklevel=2)
     fmt = get_format(cfg.model.format, tokenizer=tokenizer, system=cfg.model.system_prompt, tool_list=cfg.model.tool_list)
-    documents = load_task_data(cfg.data, cfg.rollout.engine, cfg.seed).documents
-    environment = run_environment(documents, cfg.data, cfg.rollout.engine)
+    environment, build = None, None
+    if expansion == "driver":
+        documents = load_task_data(cfg.data, cfg.rollout.engine, cfg.seed).documents
+        environment = run_environment(documents, cfg.data, cfg.rollout.engine)
+    else:
+        build = WORKER_BUILD
     reference, verl_reference = None, None
     prefix = EMPTY_THINK if cfg.algo.score_after_empty_think else ""
-    if on_worker:
-        verl_reference = VerlReference(check=model)
-        reference = ReferenceScorer(None, tokenizer, fmt, batch_scorer=verl_reference, answer_prefix=prefix)
-    elif cfg.algo.credit:
-        reference = ReferenceScorer(model, tokenizer, fmt, answer_prefix=prefix,
-                                    dtype=DTYPES["bfloat16"] if cfg.model.dtype == "bfloat16" else None)
+    if cfg.algo.credit:
+        reference, verl_reference = readiness_scorer(
+            readiness, None if on_worker else model, tokenizer, fmt, answer_prefix=prefix,
+            dtype=DTYPES["bfloat16"] if cfg.model.dtype == "bfloat16" else None,
+            timeout_s=failure_settings(section)[0], check=model if on_worker else None)
     predictor = SuccessPredictor(cfg.predictor) if cfg.uses_predictor else None
     if predictor is not None and cfg.predictor.uses_hidden:
         raise UserError(f"predictor.features = {cfg.predictor.features!r}: verl's servers return no hidden states; "
                         "use predictor.features = handcrafted")
     scheme = get_scheme(cfg.rollout.scheme, cfg.rollout.schemes, predictor, reference is not None)
     return TraceParts(tokenizer, fmt, environment, get_verifier(cfg.data.verifier), cfg.rollout.engine, scheme,
-                      cfg.rollout.budget, predictor, reference, cfg.seed, verl_reference)
+                      cfg.rollout.budget, predictor, reference, cfg.seed, verl_reference, build)

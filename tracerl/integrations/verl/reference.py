@@ -10,6 +10,13 @@ log-prob path (``compute_ref_log_prob``, or the actor with its adapter off when 
 lives in the actor) at temperature 1; the ``tracerl_sync`` trainer provides that call
 (:meth:`~.trainer.TraceSyncTrainer.reference_logprobs`).
 
+Each node is a row of its own, forwarded in full: verl's engine forwards every row causally (packed
+rows attend only within themselves) and computes log-probs at every token, so rows that share a
+tree's prefix cannot share its forward there, and the LM head runs over the whole row
+(``readiness_tokens_forwarded`` = ``readiness_tokens_full_prefix``). Shared prefixes forwarded once
+with only the gold tokens projected is tracerl's own forward (``in_process``); off the actor's
+memory, ``reference_server`` (:mod:`.readiness`).
+
 It is a :data:`~tracerl.models.scoring.BatchScorer`, so tracerl's ``ReferenceScorer`` batches a
 step's boundaries into it exactly as it batches them into its own HF forwards. With ``check`` (an
 HF model of the same checkpoint, ``+tracerl.check=true``) every call is also scored in process and
@@ -24,44 +31,31 @@ from typing import Any
 import torch
 
 from tracerl.errors import UserError
+from tracerl.integrations.verl.readiness import ReadinessScorer, Row, per_request
+from tracerl.models.batched_scoring import ScoreStats
+from tracerl.models.scoring_plan import ScoreRequest
 
-Rows = list[tuple[tuple[int, ...], tuple[int, ...]]]
+Rows = list[Row]
 """``(prompt_ids, response_ids)`` rows."""
 
 
-class VerlReference:
-    """A batch scorer over verl's reference worker (module docstring)."""
+class VerlReference(ReadinessScorer):
+    """A batch scorer over verl's reference worker (module docstring). verl's engine forwards each
+    row in full and projects every token of it, so ``readiness_tokens_forwarded`` and
+    ``readiness_head_tokens`` are the rows' full length (:class:`~.readiness.ReadinessScorer`)."""
 
     def __init__(self, check: Any = None) -> None:
+        super().__init__(check)
         self.compute: Callable[[Rows], list[torch.Tensor]] | None = None
         """``rows -> per-token log-probs of each row's response`` (set by the ``tracerl_sync`` trainer)."""
-        self.check = check
-        self.max_gap = 0.0
-        """Largest ``|verl's readiness - the HF copy's|`` since the manager's step began."""
-        self.rows = 0
-        """Rows sent to verl's reference worker since the manager's step began."""
 
-    def __call__(self, model: Any, requests: Sequence[Any], *, max_batch_tokens: int = 0,
-                 stats: Any = None) -> list[torch.Tensor]:
+    def score(self, model: Any, requests: Sequence[ScoreRequest], rows: Rows, slots: list[int],
+              max_batch_tokens: int, stats: ScoreStats) -> list[torch.Tensor]:
         if self.compute is None:
             raise UserError("+tracerl.readiness=reference_worker scores on verl's reference worker, which the "
                             "tracerl_sync trainer hands over (trainer.v1.trainer_mode=tracerl_sync)")
-        slots, index = [], {}
-        for req in requests:
-            for cut in req.cut_points:
-                row = (tuple(req.input_ids[:cut]) + tuple(req.opener_ids), tuple(req.answer_ids))
-                slots.append(index.setdefault(row, len(index)))
-        logprobs = self.compute(list(index))
-        means = [lp.float().mean() for lp in logprobs]
-        self.rows += len(index)
-        out, at = [], 0
-        for req in requests:
-            out.append(torch.stack([means[slots[at + j]] for j in range(len(req.cut_points))]).float())
-            at += len(req.cut_points)
-        if self.check is not None:
-            from tracerl.models.batched_scoring import score_prefixes_batched
-
-            want = score_prefixes_batched(self.check, list(requests))
-            gaps = [float((a - b).abs().max()) for a, b in zip(out, want, strict=True) if a.numel()]
-            self.max_gap = max([self.max_gap, *gaps])
-        return out
+        logprobs = self.compute(rows)
+        full = sum(len(p) + len(a) for p, a in rows)
+        self.readiness_tokens_forwarded += full
+        self.readiness_head_tokens += full
+        return per_request(requests, slots, [float(lp.float().mean()) for lp in logprobs])

@@ -12,6 +12,13 @@ call, all rows of a call in flight together:
 * the server reports the weights step it serves (``extra_fields["global_steps"]``); a row from
   any other step than :attr:`VerlServerPolicy.version` is refused with one line naming both.
 
+It is also a :class:`~tracerl.rollout.independent.RequestStream` (``submit`` / ``poll`` /
+``abort``), so the rollout engine schedules episodes independently over it
+(``rollout.engine.vllm_scheduling = independent``, tracerl's default): an episode's next turn is
+sent as soon as its observation is ready, each request with its own ``max_tokens`` (the row's
+remaining budget), and ``poll`` returns the requests that have answered. The rows and seeds are
+lockstep's, so the trees are the same (``lockstep`` keeps the batched ``generate``).
+
 A request that raises, is aborted, answers malformed log-probs or takes longer than ``timeout_s``
 fails its tree only: the tree's id goes into :attr:`VerlServerPolicy.failed` (with the first line
 of why), the row gets a one-token stand-in (EOS, log-prob 0, finish ``eos``) so the episode ends
@@ -29,8 +36,10 @@ makes), else ``length``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Coroutine, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 from tracerl.models.backend import FinishReason, Generation, SamplingParams, StopChecker
@@ -72,6 +81,11 @@ class _Loop:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
 
+POLL_S = 0.01
+"""Longest a ``poll`` waits for an answer: the engine loop then collects finished tool calls, whose
+episodes' next turns would otherwise wait for the next answer."""
+
+
 class RequestFailed(RuntimeError):
     """One request's answer cannot be used (aborted, malformed): its tree fails, not the step."""
 
@@ -101,6 +115,12 @@ class VerlServerPolicy:
         self.failed: dict[str, str] = {}
         """Tree id -> why its first request failed (module docstring); :meth:`take_failed` empties it."""
         self._loop = _Loop()
+        self._ids = itertools.count()
+        self._flight: dict[str, tuple[tuple[str, list[int], dict[str, Any]], StopChecker, Future[Any]]] = {}
+        """Stream requests in flight: request id -> (row, its stop checker, the answer's future)."""
+        self._ready: list[tuple[str, Generation]] = []
+        """Stream requests answered without a request (their tree has failed)."""
+        self._checkers: dict[tuple[str, ...], StopChecker] = {}
 
     def generate(
         self,
@@ -126,6 +146,47 @@ class VerlServerPolicy:
         self.stats["server_requests"] += len(sent)
         self.stats["generated_tokens"] += sum(len(gen.token_ids) for gen, real in results if real)
         return [gen for gen, _ in results]
+
+    # --- RequestStream: one request at a time (independent scheduling) ---------------------------
+
+    def submit(self, prefix: list[int], params: SamplingParams, seed: int | None, routing_key: str | None = None) -> str:
+        """Send one request now (``max_tokens`` = ``params.max_new_tokens``, the row's own budget);
+        its id. A failed tree's request is answered with the stand-in without reaching a server."""
+        if routing_key is None:
+            raise ValueError("routing_key: VerlServerPolicy needs the tree id of every request for sticky routing")
+        request = str(next(self._ids))
+        if routing_key in self.failed:
+            self._ready.append((request, self._stand_in()))
+            return request
+        row = (routing_key, list(prefix), sampling_params(params, seed))
+        checker = self._checkers.get(params.stop_strings)
+        if checker is None:
+            checker = self._checkers[params.stop_strings] = StopChecker(self.tokenizer, params.stop_strings)
+        self._flight[request] = (row, checker, asyncio.run_coroutine_threadsafe(self._request(*row), self._loop.loop))
+        self.stats["server_requests"] += 1
+        return request
+
+    def poll(self) -> list[tuple[str, Generation]]:
+        """The requests answered since the last poll (waiting up to :data:`POLL_S` for one), in
+        submission order; a failed one answers the stand-in and fails its tree (module docstring)."""
+        if not self._ready and self._flight:
+            wait([entry[2] for entry in self._flight.values()], timeout=POLL_S, return_when=FIRST_COMPLETED)
+        out, self._ready = self._ready, []
+        for request in [r for r, entry in self._flight.items() if entry[2].done()]:
+            row, checker, future = self._flight.pop(request)
+            error = future.exception()
+            gen, real = self._answer(row, error if error is not None else future.result(), checker)
+            if real:
+                self.stats["generated_tokens"] += len(gen.token_ids)
+            out.append((request, gen))
+        return out
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Forget ``request_ids`` (their coroutines are cancelled; a server may still finish them)."""
+        drop = set(request_ids)
+        for request in drop & set(self._flight):
+            self._flight.pop(request)[2].cancel()
+        self._ready = [(r, gen) for r, gen in self._ready if r not in drop]
 
     async def _request(self, key: str, ids: list[int], sp: dict[str, Any]) -> Any:
         call = self.client.generate(key, prompt_ids=ids, sampling_params=sp)

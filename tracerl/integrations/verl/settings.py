@@ -51,6 +51,9 @@ REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("trainer.v1.sampler.sync_refill_failed_groups", _on,
      "each refill is a manager call that spends a whole TRACE budget; set it to False (a failed tree trains as "
      "zero advantage)"),
+    ("distillation.enabled", _on,
+     "verl's actor then trains on distillation_ppo_loss over teacher_logprobs that only verl's own agent loop "
+     "writes; set it to False (+tracerl.readiness=reference_server serves the frozen reference without it)"),
     ("actor_rollout_ref.rollout.log_prob_micro_batch_size", lambda v: v is not None,
      "the deprecated global size; tracerl pads its readiness rows to the per-GPU size: set "
      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu instead"),
@@ -167,9 +170,10 @@ def failure_settings(section: Any) -> tuple[float | None, int]:
     return (timeout or None), steps
 
 
-READINESS = ("in_process", "reference_worker")
+READINESS = ("in_process", "reference_worker", "reference_server")
 """Where the frozen reference scores readiness (``+tracerl.readiness``): an HF copy in this process,
-or verl's own reference worker (:mod:`.reference`)."""
+verl's own reference worker (:mod:`.reference`), or frozen-reference servers on GPUs of their own
+that the ``tracerl_sync`` trainer starts (:mod:`.readiness`, :mod:`.readiness_servers`)."""
 SERVERS = ("vllm", "tracerl_hf")
 """verl rollout servers whose sampling parameters :class:`VerlServerPolicy` speaks (vLLM's names:
 ``max_tokens``, ``include_stop_str_in_output``, ``seed``, ``logprobs``): vLLM's and tracerl's HF
@@ -237,3 +241,14 @@ def check_model_path(config: Any, tracerl_path: str, preset_default: str) -> str
                         f"{tracerl_path!r}: the manager's tokenizer and frozen reference must be the actor's "
                         "initial checkpoint; drop model.name_or_path from the tracerl config (it follows verl's)")
     return verl_path
+
+
+def tracerl_config(config: Any) -> Any:
+    """tracerl's run config from verl's ``config.tracerl`` (``preset``, ``config_file``, ``overrides``)."""
+    from tracerl.config.schema import resolve_config
+
+    section = config.get("tracerl", None)
+    if section is None:
+        raise UserError("TraceAgentLoopManager needs a `tracerl` section: +tracerl.config_file=PATH (a tracerl YAML)")
+    return resolve_config(str(section.get("preset", "trace")), config_file=section.get("config_file", None),
+                          overrides=[str(o) for o in section.get("overrides", [])])

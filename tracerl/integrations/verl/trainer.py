@@ -8,7 +8,9 @@ verl's. verl reads the registered name as its trainer mode and tests it against 
 several places, so the trainer sets its mode back to ``sync`` before the replay buffer is built.
 
 With ``+tracerl.readiness=reference_worker`` it has verl build its reference worker without a KL
-that weighs anything and without a reference forward over every leaf (:func:`reference_for_readiness`).
+that weighs anything and without a reference forward over every leaf (:func:`reference_for_readiness`);
+with ``+tracerl.readiness=reference_server`` it starts frozen-reference servers on GPUs of their own
+and hands their client to the manager as verl's ``teacher_client`` (:mod:`.readiness_servers`).
 
 With :class:`~.manager.TraceAgentLoopManager` (any manager with ``save_state`` / ``load_state``),
 the manager's state (the success predictor) is saved in verl's ``global_step_{n}/`` folder with
@@ -28,6 +30,7 @@ from tracerl.errors import UserError
 from tracerl.integrations.verl.estimators import tree_fields
 from tracerl.integrations.verl.leaves import FAILED, sequence_fields
 from tracerl.integrations.verl.names import ESTIMATOR_NAMES, TRAINER_NAME
+from tracerl.integrations.verl.reference import VerlReference
 from tracerl.integrations.verl.registrations import require_registrations
 from tracerl.integrations.verl.rows import TREE_FIELDS, neutral_padding, object_array
 
@@ -115,6 +118,20 @@ class TraceSyncTrainer(PPOTrainerSync):
         reference_for_readiness(config)
         super().__init__(config)
 
+    def _setup(self) -> None:
+        """verl's setup; with ``+tracerl.readiness=reference_server`` also the frozen-reference
+        servers on GPUs of their own (:mod:`.readiness_servers`)."""
+        from tracerl.integrations.verl.readiness_servers import ReferenceServers, wants_servers
+
+        super()._setup()
+        self._tracerl_servers = ReferenceServers(self.config) if wants_servers(self.config) else None
+
+    def get_teacher_client(self) -> Any:
+        """verl hands this to the agent loop manager as ``teacher_client``: the frozen-reference
+        servers' client under ``SERVER_KEY`` when this trainer started them, else verl's own."""
+        servers = getattr(self, "_tracerl_servers", None)
+        return servers.client() if servers is not None else super().get_teacher_client()
+
     def _build_replay_buffer(self) -> Any:
         self.trainer_mode = "sync"  # verl compares the mode with "sync"; this trainer is sync
         return super()._build_replay_buffer()
@@ -126,7 +143,7 @@ class TraceSyncTrainer(PPOTrainerSync):
 
     def fit(self, agent_loop_manager: Any) -> Any:
         reference = getattr(agent_loop_manager, "verl_reference", None)
-        if reference is not None:  # +tracerl.readiness=reference_worker: readiness through verl's reference
+        if isinstance(reference, VerlReference):  # +tracerl.readiness=reference_worker: through verl's reference
             if not (self.use_reference_policy or self.ref_in_actor):
                 raise UserError("+tracerl.readiness=reference_worker scores on verl's reference worker, which this "
                                 "run does not build: set actor_rollout_ref.actor.use_kl_loss=True (kl_loss_coef=0 "
