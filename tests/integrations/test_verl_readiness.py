@@ -201,21 +201,31 @@ def test_reference_worker_rows_are_full_prefix_rows(trees) -> None:
         assert abs(got_trees[0].nodes[int(nid)].readiness - v) <= 1e-5
 
 
-def test_a_failed_readiness_request_names_its_tree(servers, trees) -> None:
+def test_a_failed_readiness_request_fails_its_tree_only(servers, trees) -> None:
+    """A failed request does not stop the call: its tree is recorded (the manager then trains the
+    tree's leaves as zero), its rows read 0, and the next call scores as usual."""
     import ray
 
     client, handles = servers
     got_trees, tasks, fmt = trees
-    reference, _ = _server_scorer(client, fmt)
+    reference, server = _server_scorer(client, fmt)
+    victim = got_trees[0]
+    requests = node_requests(got_trees[:1], tasks)
     for h in handles.values():
-        ray.get(h.fail_requests_containing.remote(""))
+        ray.get(h.fail_requests_containing.remote(tasks[victim.task_id].question))
     try:
-        with pytest.raises(RuntimeError, match=rf"readiness request of tree '{re.escape(got_trees[0].tree_id)}' to the "
-                                               r"reference server failed: RuntimeError: ref-\d: injected engine failure"):
-            reference.score_nodes(node_requests(got_trees[:1], tasks))
+        failed_call = reference.score_nodes(requests)
     finally:
         for h in handles.values():
             ray.get(h.fail_requests_containing.remote(None))
+    failed = server.take_failed()
+    assert list(failed) == [victim.tree_id] and server.take_failed() == {}
+    assert re.fullmatch(r"readiness: RuntimeError: ref-\d: injected engine failure", failed[victim.tree_id])
+    assert set(failed_call.nodes[victim.tree_id].values()) == {0.0}  # placeholders, never trained on
+    again = reference.score_nodes(requests)
+    assert server.take_failed() == {}
+    for nid, v in again.nodes[victim.tree_id].items():
+        assert abs(victim.nodes[int(nid)].readiness - v) <= 1e-5
 
 
 def test_reference_server_without_its_servers_is_refused_in_one_line() -> None:

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from tracerl.core.protocol import worker_of
-from tracerl.rollout.placement import imbalance, place
+from tracerl.rollout.placement import imbalance, in_request_order, place
 
 
 def test_largest_first_to_the_least_loaded_worker() -> None:
@@ -55,3 +55,12 @@ def test_eight_workers_and_sixteen_prompts_stay_within_1_25x(seed: int) -> None:
 def test_equal_work_spreads_evenly() -> None:
     work = [(f"t{i}", 8.0) for i in range(16)]  # GRPO: every prompt the same group size
     assert _loads(place(work, [0.0] * 8), work, 8) == [16.0] * 8
+
+
+def test_answers_of_several_workers_come_back_in_request_order() -> None:
+    # requests 0..4 split over workers 1 (0, 3) and 0 (1, 2, 4); each answers in its own order
+    shares = {1: [0, 3], 0: [1, 2, 4]}
+    answers = {1: ["a0", "a3"], 0: ["b1", "b2", "b4"]}
+    assert in_request_order(shares, answers, 5) == ["a0", "b1", "b2", "a3", "b4"]
+    with pytest.raises(ValueError):  # a worker that answered fewer requests than it was given
+        in_request_order(shares, {1: ["a0"], 0: ["b1", "b2", "b4"]}, 5)

@@ -12,6 +12,7 @@ a tree within a step. Pure: no Ray, no model.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 def place(work: Sequence[tuple[str, float]], loads: Sequence[float],
@@ -42,3 +43,13 @@ def imbalance(loads: Sequence[float]) -> float:
     if not loads or total <= 0:
         return 1.0
     return max(loads) / (total / len(loads))
+
+
+def in_request_order(shares: Mapping[int, Sequence[int]], answers: Mapping[int, Sequence[Any]], n: int) -> list[Any]:
+    """Per-worker answers put back in request order: ``shares[w]`` holds the request indices worker
+    ``w`` answered, ``answers[w]`` its answers to them, in the same order; ``n`` requests in all."""
+    out: list[Any] = [None] * n
+    for w, idx in shares.items():
+        for i, value in zip(idx, answers[w], strict=True):
+            out[i] = value
+    return out

@@ -59,7 +59,7 @@ from tracerl.core.protocol import (
 from tracerl.core.types import RolloutTree
 from tracerl.errors import UserError
 from tracerl.rollout.progress import current_progress
-from tracerl.rollout.placement import imbalance, place
+from tracerl.rollout.placement import imbalance, in_request_order, place
 from tracerl.rollout.ray_cluster import check_placeable, connect, free_resources
 from tracerl.rollout.ray_worker import RolloutWorker, with_absolute_paths
 from tracerl.rollout.weight_sync import broadcast, bucket_bytes, pack, sync_group, sync_store
@@ -389,11 +389,7 @@ class RayExecutor:
             self.prefilled.update({t["id"]: w for t, w in zip(tasks, where, strict=True) if t["id"] not in self.owner})
         shares = self._shares(list(range(len(tasks))), lambda i: where[i])
         answers = self._fan_out(method, {w: [tasks[i] for i in idx] for w, idx in shares.items()})
-        out: list[Any] = [None] * len(tasks)
-        for w, idx in shares.items():
-            for i, value in zip(idx, answers[w], strict=True):
-                out[i] = value
-        return out
+        return in_request_order(shares, answers, len(tasks))
 
     @staticmethod
     def _shares(items: Sequence[Any], key: Callable[[Any], int]) -> dict[int, list[Any]]:

@@ -135,7 +135,7 @@ class ReadinessScorer:
         out = self.score(model, requests, rows, slots, max_batch_tokens, stats) if rows else []
         self.rows += len(rows)
         self.readiness_tokens_full_prefix += sum(len(p) + len(a) for p, a in rows)
-        if self.check is not None and rows:
+        if self.check is not None and rows and not getattr(self, "failed", None):  # placeholders are not readiness
             want = score_prefixes_batched(self.check, list(requests))
             gaps = [float((a - b).abs().max()) for a, b in zip(out, want, strict=True) if a.numel()]
             self.max_gap = max([self.max_gap, *gaps])
@@ -201,8 +201,10 @@ class ServerReference(ReadinessScorer):
 
     :meth:`connect` takes verl's ``teacher_client``; ``routes`` (prefix ids -> tree id, filled by
     :class:`RoutedReferenceScorer`) gives each row its routing key, the tree id, as the policy's
-    own requests have. A request that raises or takes longer than ``timeout_s`` stops the call
-    with one line naming the tree."""
+    own requests have. A request that raises or takes longer than ``timeout_s`` fails its tree only:
+    the tree goes into :attr:`failed` (taken by the manager, which trains its leaves as zero, as for
+    a failed generation request) and its rows read 0; a row of no known tree stops the call with
+    one line."""
 
     def __init__(self, check: Any = None, timeout_s: float | None = None) -> None:
         super().__init__(check)
@@ -210,7 +212,18 @@ class ServerReference(ReadinessScorer):
         self.timeout_s = timeout_s
         self.routes: dict[tuple[int, ...], str] = {}
         self.requests = 0
+        self.failed: dict[str, str] = {}
+        """Tree id -> the first line of why its readiness request failed (:meth:`take_failed`)."""
         self._loop: _Loop | None = None
+
+    def reset(self) -> None:
+        super().reset()
+        self.failed = {}  # a step begins: no tree failed yet
+
+    def take_failed(self) -> dict[str, str]:
+        """The trees whose readiness failed since the last call (and forget them)."""
+        out, self.failed = self.failed, {}
+        return out
 
     def connect(self, teacher_client: Mapping[str, Any] | None) -> None:
         """Use the :data:`SERVER_KEY` client of verl's ``teacher_client`` (the manager's argument)."""
@@ -244,9 +257,14 @@ class ServerReference(ReadinessScorer):
         jobs = [(keys[i], list(p) + list(a)) for i, (p, a) in enumerate(rows)]
         answers = self._loop.run(self._all(jobs))
         means = []
+        trees = set(self.routes.values())
         for (key, prompt), (p, a), out in zip(jobs, rows, answers, strict=True):
             if isinstance(out, BaseException):
-                raise RuntimeError(f"readiness request of tree {key!r} to the reference server failed: {_why(out)}")
+                if key not in trees:
+                    raise RuntimeError(f"readiness request of tree {key!r} to the reference server failed: {_why(out)}")
+                self.failed.setdefault(key, f"readiness: {_why(out)}")
+                means.append(0.0)  # a placeholder: the manager fails the whole tree
+                continue
             extra = getattr(out, "extra_fields", None) or {}
             means.append(sum(answer_logprobs(extra, p, a)) / len(a))
             cached = int(extra.get("num_cached_tokens") or 0)

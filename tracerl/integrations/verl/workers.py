@@ -39,7 +39,7 @@ import ray
 
 from tracerl.core.protocol import ExpandRequest, RolloutResult, ScoreRequest, ScoreResult, StartRequest
 from tracerl.core.registry import resolve_import_path
-from tracerl.rollout.placement import imbalance, place
+from tracerl.rollout.placement import imbalance, in_request_order, place
 from tracerl.rollout.ray_executor import _merge_tool_stats, _sum_counts
 
 ScoreFn = Callable[[Sequence[ScoreRequest]], ScoreResult]
@@ -244,11 +244,7 @@ class WorkerExecutor:
         for i, w in enumerate(where):
             shares.setdefault(w, []).append(i)
         answers = self._fan_out(method, {w: [tasks[i] for i in idx] for w, idx in shares.items()})
-        out: list[Any] = [None] * len(tasks)
-        for w, idx in shares.items():
-            for i, value in zip(idx, answers[w], strict=True):
-                out[i] = value
-        return out
+        return in_request_order(shares, answers, len(tasks))
 
     def _rollout(self, method: str, requests: Sequence[Any], owner: Callable[[Any], int]) -> RolloutResult:
         """``method`` on every owner at once; one result, deltas in request order (first touch)."""
