@@ -447,14 +447,8 @@ def test_a_failed_request_fails_its_tree_only(step, servers, cluster, failing) -
     batch, uids = _batch(w.train[:8], global_steps=1)
     tq.kv_batch_put(keys=uids, partition_id="train", tags=[{"is_prompt": True, "status": "pending", "global_steps": 1}] * 8)
     manager.generate_sequences(batch)
-    (bad,) = [t for t in manager.last_trees if t.task_id == first]
-    others = [t for t in manager.last_trees if t is not bad]
-    assert manager.last_metrics["failed_trees"] == 1.0 and list(manager.last_failed) == [bad.tree_id]
-    assert manager.last_failed[bad.tree_id] in {f"RuntimeError: server-{i}: injected engine failure" for i in (0, 1)}
-    assert all(t.infra_failed and t.reward == 0.0 for t in bad.trajectories.values())
-    assert others and not any(t.infra_failed for tree in others for t in tree.trajectories.values())
     listing = tq.kv_list(partition_id="train")["train"]
-    assert all(listing[u]["status"] == "finished" for u in uids)
+    bad, others = _only_tree_failed(manager, first, listing, uids)
     keys = sorted(k for k in listing if k.split("_")[0] in uids and k not in uids)
     assert len(keys) == BUDGET
     _advantage_trainer()._compute_advantage(KVBatchMeta(keys=keys, tags=[listing[k] for k in keys],
@@ -572,3 +566,17 @@ def test_vllms_prefix_cache_hits_are_counted() -> None:
     backend.generate([[1, 2, 3], [1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=1), routing_keys=["t", "t"])
     assert (backend.stats["cached_prompt_tokens"], backend.stats["reported_prompt_tokens"]) == (2 + 4, 3 + 5)
     assert backend.stats["generated_tokens"] == 2 and backend.failed == {}
+
+
+def _only_tree_failed(manager, first, listing, uids):
+    """The step failed exactly the tree of task ``first`` (its leaves zero, the others untouched)
+    and marked every prompt of the batch finished in TransferQueue (``listing``); that tree and
+    the others."""
+    (bad,) = [t for t in manager.last_trees if t.task_id == first]
+    others = [t for t in manager.last_trees if t is not bad]
+    assert manager.last_metrics["failed_trees"] == 1.0 and list(manager.last_failed) == [bad.tree_id]
+    assert manager.last_failed[bad.tree_id] in {f"RuntimeError: server-{i}: injected engine failure" for i in (0, 1)}
+    assert all(t.infra_failed and t.reward == 0.0 for t in bad.trajectories.values())
+    assert others and not any(t.infra_failed for tree in others for t in tree.trajectories.values())
+    assert all(listing[u]["status"] == "finished" for u in uids)
+    return bad, others
