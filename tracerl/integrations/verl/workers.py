@@ -40,7 +40,7 @@ import ray
 from tracerl.core.protocol import ExpandRequest, RolloutResult, ScoreRequest, ScoreResult, StartRequest
 from tracerl.core.registry import resolve_import_path
 from tracerl.rollout.placement import imbalance, in_request_order, place
-from tracerl.rollout.ray_executor import _merge_tool_stats, _sum_counts
+from tracerl.rollout.ray_executor import RayExecutor, _merge_tool_stats, _sum_counts
 
 ScoreFn = Callable[[Sequence[ScoreRequest]], ScoreResult]
 
@@ -240,18 +240,13 @@ class WorkerExecutor:
 
     def _by_task(self, method: str, tasks: Sequence[dict[str, Any]]) -> list[Any]:
         where = [self.owner.get(t["id"], i % len(self.actors)) for i, t in enumerate(tasks)]
-        shares: dict[int, list[int]] = {}
-        for i, w in enumerate(where):
-            shares.setdefault(w, []).append(i)
+        shares = RayExecutor._shares(list(range(len(tasks))), lambda i: where[i])
         answers = self._fan_out(method, {w: [tasks[i] for i in idx] for w, idx in shares.items()})
         return in_request_order(shares, answers, len(tasks))
 
     def _rollout(self, method: str, requests: Sequence[Any], owner: Callable[[Any], int]) -> RolloutResult:
         """``method`` on every owner at once; one result, deltas in request order (first touch)."""
-        shares: dict[int, list[Any]] = {}
-        for r in requests:
-            shares.setdefault(owner(r), []).append(r)
-        answers = self._fan_out(method, shares)
+        answers = self._fan_out(method, RayExecutor._shares(requests, owner))
         for w, part in answers.items():
             self.shared.tokens[w] += float(part.generated_tokens)
         parts = list(answers.values())
