@@ -19,6 +19,12 @@ of the issue's conditions it meets (sampled success 3-10%, mean tool calls >= 4 
 flips in mixed groups > 0). These are pilot runs, not counted: they choose a setting, they test
 nothing (``counted: false`` in the JSON).
 
+The clue variants (``clues_*`` and ``clueans_*``: four-hop questions on the world whose documents
+also name their two-hop entities among look-alikes, on the two clue bases) are chosen by a rule
+written down before their pilot ran: among the variants that meet all four requirements, the one
+whose sampled success is nearest 6.5% (the middle of the range); a tie goes to the base without
+clue answers, then to the higher temperature. If none meets all four, no test is registered.
+
 ``--step-cost N`` times ``N`` training steps of ``--methods`` (default GRPO and ``trace_credit``) per
 variant instead and adds them to the file's ``step_cost``: what a counted shard would cost.
 
@@ -78,6 +84,14 @@ VARIANTS: dict[str, list[str]] = {
     "h45_t10_temp07": ["data.world.min_hops=4", "data.world.max_hops=5", "rollout.engine.max_turns=10",
                        "rollout.engine.temperature=0.7"],
 }
+# Four-hop questions on the clue world (each document also names its two-hop entities among look-alikes,
+# so the gold is in context after the third search) and its two bases: ``bench_hops_clues`` answers a
+# relation link of the last document, ``bench_hops_clue_answers`` half the time any name it holds.
+for _preset, _tag in (("bench_hops_clues", "clues"), ("bench_hops_clue_answers", "clueans")):
+    for _temp in ("", "07", "05"):
+        VARIANTS[f"{_tag}_h4_t8" + (f"_temp{_temp}" if _temp else "")] = [
+            f"model.tiny_preset={_preset}", "data.world.clues=1", "data.world.min_hops=4", "data.world.max_hops=4",
+            "rollout.engine.max_turns=8"] + ([f"rollout.engine.temperature=0.{_temp[1]}"] if _temp else [])
 """Pilot settings on top of :data:`LONG_BASE`."""
 
 SAMPLED_RANGE = (0.03, 0.10)

@@ -9,6 +9,8 @@ many).
 
 Each entity gets one document stating only its own facts (outgoing relations plus filler
 attributes), so a k-hop question needs k searches: no document states two hops of a chain.
+With ``clues`` on, each document also names its two-hop entities among look-alikes: partial
+evidence that narrows the answer one search early without making any search unnecessary.
 Templates use a small plain vocabulary and only the punctuation ``. , ?`` so a word-level
 tokenizer keeps every entity name a single token.
 """
@@ -98,6 +100,10 @@ _CODAS = ("", "", "n", "r", "l", "s", "m")
 _SUFFIXES = ("a", "is", "on", "en", "ar")
 
 
+CLUE_SENTENCE = "{s} is linked to {o}."
+"""The clue sentence of :attr:`WorldConfig.clues` (``{o}``: the candidates, comma-separated)."""
+
+
 @dataclass(frozen=True)
 class WorldConfig:
     """Sizes and difficulty of one SynthWiki world (all validated in ``__post_init__``)."""
@@ -114,6 +120,10 @@ class WorldConfig:
     num_companies: int = 420
     distractors: int = 1
     """Look-alike siblings per base name (differ by one syllable or suffix, own facts)."""
+    clues: int = 0
+    """1: each document also names, in one sentence, the entities two relations away from its own
+    (each with its look-alike siblings, shuffled): partial evidence, so the gold answer is in context
+    one search before the last, among a handful of candidates. 0: no clue sentence."""
     facts_per_document: int = 4
     """Sentences per document: all relations of the entity plus filler attributes."""
     min_hops: int = 1
@@ -131,6 +141,8 @@ class WorldConfig:
                 raise ValueError(f"WorldConfig.{_size_field(t)} must be >= 2, got {self.size(t)}")
         if not 0 <= self.distractors <= 4:
             raise ValueError(f"WorldConfig.distractors must be in [0, 4], got {self.distractors}")
+        if self.clues not in (0, 1):
+            raise ValueError(f"WorldConfig.clues must be 0 or 1, got {self.clues}")
         lo = max(len(r) for r in RELATIONS_OF.values())
         hi = min(len(RELATIONS_OF[t]) + len(ATTRIBUTES[t]) for t in TYPES)
         if not lo <= self.facts_per_document <= hi:
@@ -184,7 +196,7 @@ def _template_words() -> set[str]:
     texts = [r.phrase for r in RELATIONS] + [s for r in RELATIONS for s in r.sentences]
     texts += [tpl for attrs in ATTRIBUTES.values() for tpl, _ in attrs]
     texts += [v for attrs in ATTRIBUTES.values() for _, vals in attrs for v in vals]
-    texts += ["What Who is"]
+    texts += ["What Who is", CLUE_SENTENCE]
     for text in texts:
         words.update(w.strip(".,?{}").lower() for w in text.split())
     return words
@@ -242,14 +254,57 @@ def _wire(entities: list[Entity], rng: random.Random) -> dict[tuple[int, str], i
     return facts
 
 
+def families(config: WorldConfig, entities: list[Entity]) -> list[tuple[int, ...]]:
+    """Entity index -> the indices of its name family (base name and look-alikes), as
+    :func:`draw_names` made them: consecutive runs of ``1 + distractors`` entities per type."""
+    out: list[tuple[int, ...]] = [()] * len(entities)
+    for etype in TYPES:
+        members = [e.index for e in entities if e.type == etype]
+        size = 1 + config.distractors
+        for start in range(0, len(members), size):
+            family = tuple(members[start:start + size])
+            for index in family:
+                out[index] = family
+    return out
+
+
+def _two_hop(entity: Entity, entities: list[Entity], facts: dict[tuple[int, str], int]) -> list[int]:
+    """Entities two relations away from ``entity`` (not itself, not one relation away), in relation order."""
+    near = [facts[(entity.index, r.name)] for r in RELATIONS_OF[entity.type]]
+    out: list[int] = []
+    for mid in near:
+        for rel in RELATIONS_OF[entities[mid].type]:
+            far = facts[(mid, rel.name)]
+            if far != entity.index and far not in near and far not in out:
+                out.append(far)
+    return out
+
+
+def _clue(entity: Entity, entities: list[Entity], facts: dict[tuple[int, str], int],
+          family: list[tuple[int, ...]], rng: random.Random) -> str | None:
+    """The clue sentence of ``entity`` (its two-hop entities and their look-alikes, shuffled), or None
+    when it has no two-hop entity. It is shuffled in with the document's other sentences, so the
+    other sentences' wording differs from the world without clues (the facts and questions do not)."""
+    near = {facts[(entity.index, r.name)] for r in RELATIONS_OF[entity.type]}
+    names: list[int] = []
+    for far in _two_hop(entity, entities, facts):
+        names += [i for i in family[far] if i not in names and i != entity.index and i not in near]
+    if not names:
+        return None
+    rng.shuffle(names)
+    return CLUE_SENTENCE.format(s=entity.name, o=", ".join(entities[i].name for i in names))
+
+
 def _document(entity: Entity, entities: list[Entity], facts: dict[tuple[int, str], int],
-              per_doc: int, rng: random.Random) -> Document:
+              per_doc: int, rng: random.Random, clue: str | None = None) -> Document:
     sentences = []
     for rel in RELATIONS_OF[entity.type]:
         target = entities[facts[(entity.index, rel.name)]].name
         sentences.append(rng.choice(rel.sentences).format(s=entity.name, o=target))
     for template, values in rng.sample(ATTRIBUTES[entity.type], per_doc - len(sentences)):
         sentences.append(template.format(s=entity.name, v=rng.choice(values)))
+    if clue is not None:
+        sentences.append(clue)
     rng.shuffle(sentences)
     return Document(id=f"sw-{entity.index:05d}", title=entity.name, text=" ".join(sentences))
 
@@ -265,7 +320,8 @@ def _chain(start: int, hops: int, world_facts: dict[tuple[int, str], int], entit
             return None
         chain.append(nxt)
         rels.append(rel)
-    # No document may name an entity two or more hops further down the chain.
+    # No document's relation sentences may name an entity two or more hops further down the chain
+    # (a clue sentence does, on purpose: among look-alikes and other two-hop entities).
     for i, node in enumerate(chain[:-2]):
         mentioned = {world_facts[(node, r.name)] for r in RELATIONS_OF[entities[node].type]}
         if mentioned & set(chain[i + 2:]):
@@ -316,7 +372,13 @@ def build_world(config: WorldConfig | None = None) -> World:
     seed = f"{config.name_seed}:{config.fact_seed}"
     facts = _wire(entities, random.Random(f"synthwiki-facts:{seed}"))
     doc_rng = random.Random(f"synthwiki-docs:{seed}")
-    documents = [_document(e, entities, facts, config.facts_per_document, doc_rng) for e in entities]
+    if config.clues:
+        family, clue_rng = families(config, entities), random.Random(f"synthwiki-clues:{seed}")
+        clues = [_clue(e, entities, facts, family, clue_rng) for e in entities]
+    else:
+        clues = [None] * len(entities)
+    documents = [_document(e, entities, facts, config.facts_per_document, doc_rng, clue)
+                 for e, clue in zip(entities, clues, strict=True)]
     tasks = _questions(config, entities, facts, random.Random(f"synthwiki-questions:{seed}"))
     return World(config=config, entities=entities, facts=facts, documents=documents,
                  train=tasks[: config.num_train], test=tasks[config.num_train:])

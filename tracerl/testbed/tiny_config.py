@@ -13,8 +13,10 @@ from tracerl.envs.synthwiki import WorldConfig
 from tracerl.testbed.tiny_data import ExplorerConfig
 
 _CACHE_VERSION = "tiny-v1"
-_EXPLORER_ADDED_LATER = ("guided", "hop_aware")
+_EXPLORER_ADDED_LATER = ("guided", "hop_aware", "clue_answers")
 """Explorer fields added after caches existed: left out of the hash while they are 0."""
+_WORLD_ADDED_LATER = ("clues",)
+"""World fields added after caches existed: left out of the hash while they are 0."""
 
 
 DEFAULT_WORLD = WorldConfig(num_people=250, num_cities=125, num_countries=20, num_books=125, num_bands=75,
@@ -139,13 +141,16 @@ class TinyModelConfig:
         for name in _EXPLORER_ADDED_LATER:  # at 0, presets keep the hash (and cache) they had before
             if not getattr(self.explorer, name):
                 del config["explorer"][name]
+        for name in _WORLD_ADDED_LATER:
+            if not getattr(self.world, name):
+                del config["world"][name]
         payload = json.dumps({"v": _CACHE_VERSION, "config": config,
                               "precision": resolve_precision(self.precision)}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def _check_explorer(cfg: ExplorerConfig) -> None:
-    for name in ("focus", "open_prob", "guided", "hop_aware"):
+    for name in ("focus", "open_prob", "guided", "hop_aware", "clue_answers"):
         value = getattr(cfg, name)
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"ExplorerConfig.{name} must be in [0, 1], got {value}")
@@ -211,6 +216,18 @@ PRESETS: dict[str, TinyModelConfig] = {
                                        steps=4200, warmup_steps=100, seq_len=768, max_turns=10,
                                        explorer=replace(DEFAULT_EXPLORER, hop_aware=0.7,
                                                         search_count_weights=(0.3, 0.25, 0.2, 0.15, 0.1))),
+    # The long-horizon testbed's bases (issue 48; benchmarks/science/long_horizon_pilot.py): the look-alike
+    # world with clue sentences (each document names its two-hop entities among their look-alikes, so the
+    # gold is in context one search before the last), a more hop-aware explorer (four-hop questions need
+    # four calls), rows of 768 (four searches of three longer documents). ``_clues`` answers a relation
+    # link of the last document as before; ``_clue_answers`` half the time any name it holds, clue included.
+    "bench_hops_clues": TinyModelConfig(world=replace(BENCH_WORLD, distractors=1, clues=1), num_worlds=200,
+                                        steps=4200, warmup_steps=100, seq_len=768,
+                                        explorer=replace(DEFAULT_EXPLORER, hop_aware=0.85)),
+    "bench_hops_clue_answers": TinyModelConfig(world=replace(BENCH_WORLD, distractors=1, clues=1), num_worlds=200,
+                                               steps=4200, warmup_steps=100, seq_len=768,
+                                               explorer=replace(DEFAULT_EXPLORER, hop_aware=0.85,
+                                                                clue_answers=0.5)),
     # The same data on two layers (8.4k steps of one row, 7 min): sampled 7.3% / 0.0% / 0.9%, and
     # GRPO stayed at 0% on two and three hops in 100 steps; measured and not used.
     "bench_hops_2l": TinyModelConfig(world=BENCH_WORLD, num_worlds=200, num_layers=2, steps=8400, batch_size=1,

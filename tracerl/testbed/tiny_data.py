@@ -29,7 +29,7 @@ from tracerl.agent.formats import AgentFormat
 from tracerl.core.types import Action, Task
 from tracerl.envs.base import EnvConfig, Observation, ToolEnvironment
 from tracerl.envs.search import SearchIndex, render_document, search_tools
-from tracerl.envs.synthwiki import ATTRIBUTES, RELATIONS, World, WorldConfig, build_world, draw_names
+from tracerl.envs.synthwiki import ATTRIBUTES, RELATIONS, RELATIONS_OF, World, WorldConfig, build_world, draw_names
 
 _CAPITALISED = re.compile(r"\b[A-Z][a-z]+\b")
 
@@ -60,6 +60,12 @@ class ExplorerConfig:
     Which links are followed and which entity is answered stay random, so the base model learns
     how many lookups a question needs but not which ones. 0 (the default presets) keeps the count
     question-agnostic; the ``bench_hops`` preset uses it (issue 13)."""
+    clue_answers: float = 0.0
+    """In a world with clue sentences (:attr:`~tracerl.envs.synthwiki.WorldConfig.clues`): chance that
+    the answer is drawn from every entity the last document names, its clue sentence included,
+    instead of its relation links. Searches always follow relation links. Above 0 the base model
+    also reads clue names as candidate answers, so its gold log-prob rises when a clue names the
+    gold; 0 keeps the explorer of the world without clues."""
 
 
 @dataclass
@@ -79,6 +85,12 @@ class WorldTools:
         self.tools = search_tools(self.index, top_k=explorer.top_k, max_tokens=explorer.doc_max_tokens)
         self.env = ToolEnvironment(self.tools, EnvConfig(max_turns=max_turns))
         self.names = frozenset(e.name for e in world.entities)
+        # With clue sentences a document names more entities than it links: the explorer follows
+        # relations only, so its behaviour (and the base's success rate) is that of the world without.
+        self.relation_targets: dict[str, frozenset[str]] | None = None
+        if world.config.clues:
+            self.relation_targets = {e.name: frozenset(world.entities[world.facts[(e.index, r.name)]].name
+                                                       for r in RELATIONS_OF[e.type]) for e in world.entities}
 
     def entities_in(self, text: str) -> list[str]:
         """Entity names in ``text``, first occurrence order, without repeats."""
@@ -88,10 +100,18 @@ class WorldTools:
                 out.append(word)
         return out
 
-    def links(self, title: str) -> list[str]:
-        """Entities named in the document titled ``title`` other than itself."""
+    def named_in(self, title: str) -> list[str]:
+        """Entities named in the document titled ``title`` other than itself (clue sentences included)."""
         doc = self.index.open(title)
         return [] if doc is None else [n for n in self.entities_in(doc.text) if n != title]
+
+    def links(self, title: str) -> list[str]:
+        """Entities the document titled ``title`` links by a relation (every entity it names in a
+        world without clue sentences)."""
+        linked = self.named_in(title)
+        if self.relation_targets is not None:
+            linked = [n for n in linked if n in self.relation_targets[title]]
+        return linked
 
 
 def pretraining_worlds(world: WorldConfig, fact_seeds: Sequence[int], questions: int) -> Iterator[World]:
@@ -133,6 +153,8 @@ def explore(task: Task, wt: WorldTools, fmt: AgentFormat, rng: random.Random,
         seen += [n for n in wt.entities_in(obs.text) if n not in seen]
         if obs.done:
             return pieces  # out of turns: the episode ends without an answer
+    if searched and cfg.clue_answers > 0 and wt.relation_targets is not None and rng.random() < cfg.clue_answers:
+        links = wt.named_in(searched[-1])
     answer_pool = links if links and rng.random() < cfg.focus else seen
     if answer_pool:
         pieces.append((fmt.render_action(Action(kind="answer", answer=rng.choice(answer_pool))), True))
