@@ -174,3 +174,31 @@ def paired_bootstrap(deltas: list[float], resamples: int = 10000, seed: int = 0)
     means = x[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
     lo, hi = np.percentile(means, [2.5, 97.5])
     return {"mean": float(x.mean()), "lo": float(lo), "hi": float(hi), "n": n}
+
+
+def paired_t_power(diff: float, sd: float, n: int, alpha: float, sims: int = 100_000, seed: int = 0) -> float:
+    """Power of the two-sided paired t-test at level ``alpha``: the share of ``sims`` simulated sets of
+    ``n`` normal differences (mean ``diff``, sd ``sd``) whose p-value is below ``alpha``.
+
+    Monte Carlo (seeded, so a registration's numbers are reproducible) instead of the noncentral t,
+    which this module does not have; its error is about ``sqrt(p (1 - p) / sims)``.
+    """
+    import numpy as np
+
+    if n < 2 or sd <= 0 or not 0.0 < alpha < 1.0:
+        raise ValueError(f"paired_t_power: need n >= 2, sd > 0 and 0 < alpha < 1; got n={n}, sd={sd}, alpha={alpha}")
+    draws = np.random.default_rng(seed).normal(diff, sd, size=(sims, n))
+    t = np.abs(draws.mean(axis=1)) / (draws.std(axis=1, ddof=1) / math.sqrt(n))
+    return float((t > t_quantile(1.0 - alpha / 2.0, n - 1)).mean())
+
+
+def detectable_difference(sd: float, n: int, alpha: float, power: float = 0.8, sims: int = 100_000) -> float:
+    """The smallest true mean difference (in the units of ``sd``'s) that :func:`paired_t_power` finds with
+    at least ``power``: bisection on the difference, to 1% of ``sd``."""
+    lo, hi = 0.0, sd
+    while paired_t_power(hi, sd, n, alpha, sims) < power:
+        lo, hi = hi, 2.0 * hi
+    while hi - lo > 0.01 * sd:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if paired_t_power(mid, sd, n, alpha, sims) < power else (lo, mid)
+    return hi

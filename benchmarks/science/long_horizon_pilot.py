@@ -199,6 +199,26 @@ def requirements(row: dict[str, Any]) -> dict[str, Any]:
             "greedy_not_saturated": row["greedy"]["em"] < 0.9}
 
 
+CLUE_TAGS = ("clues", "clueans")
+"""The clue variants' name prefixes, in the selection rule's tie order (the base without clue answers first)."""
+
+
+def choose_variant(rows: dict[str, dict[str, Any]]) -> str | None:
+    """The selection rule (module docstring, written before the clue pilot ran): among the clue variants
+    whose requirements all hold, the one whose sampled success is nearest the middle of the range;
+    ties go to the base without clue answers, then to the higher temperature. None: no variant qualifies."""
+    middle = sum(SAMPLED_RANGE) / 2
+
+    def temperature(row: dict[str, Any]) -> float:
+        set_to = [o.split("=", 1)[1] for o in row["overrides"] if o.startswith("rollout.engine.temperature=")]
+        return float(set_to[-1]) if set_to else 1.0
+
+    qualified = [(round(abs(row["sampled"]["em"] - middle), 9), CLUE_TAGS.index(name.split("_", 1)[0]), -temperature(row), name)
+                 for name, row in rows.items()
+                 if name.split("_", 1)[0] in CLUE_TAGS and all(v is True for v in row["requirements"].values())]
+    return min(qualified)[-1] if qualified else None
+
+
 def run_variant(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 

@@ -38,3 +38,22 @@ def test_episode_stats_keeps_the_hop_split() -> None:
                "generated_tokens": 40.0, "em_hops4": 0.3, "em_hops5": 0.2, "f1": 0.3}
     got = pilot.episode_stats(metrics)
     assert got["em_by_hops"] == {"4": 0.3, "5": 0.2} and got["tool_calls"] == 4.5 and "f1" not in got
+
+
+def _chosen(rows: dict) -> str | None:
+    return pilot.choose_variant({name: {**row, "requirements": pilot.requirements(row)} for name, row in rows.items()})
+
+
+def test_the_selection_rule_takes_the_qualified_clue_variant_nearest_the_middle() -> None:
+    t = ["rollout.engine.temperature=0.7"]
+    rows = {"clues_h4_t8": {**_row(0.09, 4.1, (0.0, 0.1)), "overrides": []},
+            "clues_h4_t8_temp07": {**_row(0.07, 4.1, (0.0, 0.1)), "overrides": t},
+            "clueans_h4_t8": {**_row(0.065, 3.9, (0.0, 0.1)), "overrides": []},  # nearest, but 3.9 calls
+            "h4_t8": {**_row(0.065, 4.5, (0.2, 0.2)), "overrides": []}}  # not a clue variant
+    assert _chosen(rows) == "clues_h4_t8_temp07"  # |7 - 6.5| < |9 - 6.5|
+    # a tie goes to the base without clue answers, then to the higher temperature
+    rows["clueans_h4_t8"] = {**_row(0.06, 4.1, (0.0, 0.1)), "overrides": []}
+    assert _chosen(rows) == "clues_h4_t8_temp07"
+    rows["clues_h4_t8"] = {**_row(0.06, 4.1, (0.0, 0.1)), "overrides": []}
+    assert _chosen(rows) == "clues_h4_t8"  # 1.0 beats 0.7 at the same distance and base
+    assert _chosen({"clues_h4_t8": {**_row(0.06, 4.1, (0.0, 0.0)), "overrides": []}}) is None  # no flips

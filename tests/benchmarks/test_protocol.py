@@ -218,3 +218,16 @@ def test_factorial_table_reads_the_contrasts() -> None:
     assert "| learned root allocation (main effect) | +3.5 [" in text  # roots: 0.04 and 0.03 per seed
     # tree: ((ta - nt) + (ul - g)) / 2 = 0.01, 0.02; 2-hop = all - 0.1 in every cell, so the same contrasts
     assert summary["factorial_2x2"]["sampled_2"]["tree"]["mean"] == pytest.approx(0.015)
+
+
+def test_paired_t_power_matches_the_noncentral_t() -> None:
+    """Monte Carlo power against the noncentral t's (G*Power, two-sided one-sample t): n = 12 and an
+    effect of one sd at alpha 0.05 has power 0.8845; n = 10 and half an sd, 0.2932; no effect, alpha."""
+    from stats import detectable_difference, paired_t_power
+
+    assert abs(paired_t_power(0.0, 1.0, 12, 0.05) - 0.05) < 0.003
+    assert abs(paired_t_power(1.0, 1.0, 12, 0.05) - 0.8845) < 0.005
+    assert abs(paired_t_power(0.5, 2.0, 10, 0.05) - paired_t_power(0.25, 1.0, 10, 0.05)) < 1e-12  # scale-free
+    assert abs(paired_t_power(1.0, 2.0, 10, 0.05) - 0.2932) < 0.005
+    # 80% power at alpha 0.05 with 12 differences needs about 0.88 sd (noncentral t: 0.8832)
+    assert 0.87 <= detectable_difference(1.0, 12, 0.05, sims=40_000) <= 0.90

@@ -123,7 +123,8 @@ class WorldConfig:
     clues: int = 0
     """1: each document also names, in one sentence, the entities two relations away from its own
     (each with its look-alike siblings, shuffled): partial evidence, so the gold answer is in context
-    one search before the last, among a handful of candidates. 0: no clue sentence."""
+    one search before the last, among a handful of candidates. 0: no clue sentence. A tiny base model
+    needs the clue sentence's words in its vocabulary: the ``bench_hops_clues`` presets have them."""
     facts_per_document: int = 4
     """Sentences per document: all relations of the entity plus filler attributes."""
     min_hops: int = 1

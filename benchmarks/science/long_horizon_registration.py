@@ -1,0 +1,155 @@
+"""Write the long-horizon test's pre-registration (issue 48 item 3) before any counted run.
+
+The registration fixes the setting (the pilot variant the selection rule chose, on its shipped, pinned
+base: ``long_horizon_pilot.choose_variant``), the
+arms, the seeds, the endpoints, the tests, the decision rule and the power, and records the commit
+it was written from. It is written once: the script refuses to overwrite an existing registration;
+a change after that is an amendment, appended with ``--amend TEXT`` (dated, never edited away).
+
+    python benchmarks/science/long_horizon_registration.py --steps 150
+    python benchmarks/science/long_horizon_registration.py --amend "..."   # dated, appended
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared modules (common.py, ...)
+from common import RESULTS, provenance_of, resolve, write_json
+from protocol import COLLAPSE_RULE, ESCAPE_RULE
+from stats import detectable_difference, holm_thresholds
+
+OUT = RESULTS / "long_horizon_registration.json"
+ARMS = {
+    "grpo": "the baseline: GRPO groups of 8 chains",
+    "trace_credit": "TRACE credit in the paper's form (K = 3, w_turn = 0.2, log-ratio values), GRPO groups",
+    "trace_credit_k1": "the same with K = 1 (each turn's own readiness change)",
+    "trace_alloc_notree": "learned roots without the tree: stage 1 spends the whole budget on chains from the "
+                          "roots the success predictor chooses (tree_anchor, which equals GRPO on chains)",
+    "trace": "tree + credit: TRACE allocation (learned roots, then learned prefix continuations) with TRACE credit",
+}
+"""The registered arms (presets of tracerl/config/presets.py), each compared with ``grpo`` on the same seeds."""
+SEEDS = list(range(12))
+POWER_SDS = {
+    "trace_credit minus GRPO, look-alike testbed (12 seeds)": ("sample_efficiency_credit_lookalike.json",
+                                                               ("methods", "trace_credit", "paired_vs_grpo")),
+    "trace_credit minus GRPO, credit testbed (7 seeds)": ("sample_efficiency_trace_options_credit.json",
+                                                          ("methods", "trace_credit", "paired_vs_grpo")),
+    "trace_alloc minus GRPO, credit testbed (7 seeds)": ("sample_efficiency_mechanisms_credit.json",
+                                                         ("methods", "trace_alloc", "paired_vs_grpo")),
+    "learned roots minus GRPO at lr 1e-3, credit testbed (7 seeds)": ("lr_controls.json",
+                                                                      ("comparisons", "learned roots minus GRPO at lr 1e-3")),
+}
+"""Paired standard deviations of sampled success (all hops) measured on the earlier testbeds: the
+spreads the power table assumes (none is from the long-horizon testbed, where no arm has run)."""
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pilot", type=Path, default=RESULTS / "long_horizon_pilot_clues.json",
+                   help="The pilot JSON holding the variant's statistics and step costs.")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--lr", default="1e-3")
+    p.add_argument("--amend", metavar="TEXT", help="Append a dated amendment to the existing registration.")
+    p.add_argument("--out", type=Path, default=OUT)
+    return p.parse_args()
+
+
+def _sd(path: str, keys: tuple[str, ...]) -> float:
+    node: Any = json.loads((RESULTS / path).read_text())
+    for key in keys:
+        node = node[key]
+    return float(node["sampled_all"]["sd"])
+
+
+def power_table(n: int, arms: int) -> list[dict[str, Any]]:
+    """The true difference (points of sampled success) found with 80% power by the paired t-test at
+    Holm's first and last thresholds over ``arms`` comparisons, for each assumed spread."""
+    first, last = holm_thresholds([0.0] * arms)[0], 0.05
+    rows = []
+    for label, (path, keys) in POWER_SDS.items():
+        sd = _sd(path, keys)
+        rows.append({"assumed_from": label, "paired_sd_points": round(100 * sd, 2),
+                     "detectable_at_first_holm_step_points": round(100 * detectable_difference(sd, n, first), 2),
+                     "detectable_at_alpha_0.05_points": round(100 * detectable_difference(sd, n, last), 2)})
+    return rows
+
+
+def registration(args: argparse.Namespace) -> dict[str, Any]:
+    import long_horizon_pilot as pilot
+
+    rows = json.loads(args.pilot.read_text())["variants"]
+    variant = pilot.choose_variant(rows)
+    if variant is None:
+        raise SystemExit(f"{args.pilot}: no clue variant meets every requirement: no test is registered")
+    chosen = rows[variant]
+    setting = pilot.LONG_BASE + pilot.VARIANTS[variant]
+    config = resolve("grpo", setting + [f"optim.lr={args.lr}"], False)
+    base = provenance_of(config)
+    cost = json.loads(args.pilot.read_text()).get("step_cost", {}).get(variant, {})
+    return {
+        "registered": datetime.date.today().isoformat(),
+        "status": "registered before any counted run; the analysis below is the one the verdict uses",
+        "question": "Where episodes need four tool calls and the gold is in context one search before the last, "
+                    "does TRACE credit (paper's K and K = 1), learned roots without the tree, or the tree with "
+                    "credit change held-out success against GRPO?",
+        "setting": {"variant": variant, "overrides": setting, "lr": args.lr, "steps": args.steps,
+                    "command": f"sample_efficiency.py --setting long --steps {args.steps} --set optim.lr={args.lr}",
+                    "budget": "64 rollouts a step: 8 prompts x 8 for GRPO, from a pool of 16; every arm the same budget",
+                    "pilot": {"file": str(args.pilot.relative_to(RESULTS.parent.parent)),
+                              "greedy": chosen["greedy"], "sampled": chosen["sampled"],
+                              "credit": {k: v for k, v in chosen["credit"].items() if k != "measure"}},
+                    "selection_rule": "among the clue variants meeting all four requirements, the one whose sampled "
+                                      "success is nearest 6.5%; ties to the base without clue answers, then the "
+                                      "higher temperature (written in long_horizon_pilot.py before the pilot ran)"},
+        "base": base,
+        "arms": ARMS,
+        "seeds": SEEDS,
+        "shards": "one arm of one seed per shard (results/long_horizon_shard_<arm>_s<seed>.json); a crashed run is "
+                  "re-run on its seed; no seed is dropped",
+        "precondition": "GRPO must learn: on seed 0 its final sampled success (all questions) is at least the base "
+                        "model's plus 2 points on the same questions; if not, the test is not run as written and a new "
+                        "registration follows",
+        "endpoints": {"primary": "held-out sampled success after the last step: 300 unseen-world questions x 4 samples "
+                                 "at the rollout temperature; per seed, arm minus GRPO",
+                      "secondary": "held-out greedy success after the last step (200 unseen-world questions), the "
+                                   "same pairing"},
+        "tests": "per endpoint: two-sided paired t-test on the 12 differences and the exact sign-flip test of their "
+                 "mean (all 4,096 sign assignments); Holm's correction over the four arm comparisons at a family "
+                 "alpha of 0.05 (t-test p-values); reported: the mean difference with its 95% t-interval",
+        "decision_rule": "an arm is higher or lower than GRPO on an endpoint only when its t-test passes Holm's "
+                         "procedure and its sign-flip p-value is at most the same Holm step; otherwise unresolved "
+                         "at this size (protocol.decide; the merged JSON records it as decision)",
+        "descriptive_only": ["sign flips of the turn term in mixed groups", "mean tool calls and turns",
+                             "effective ratio", COLLAPSE_RULE, ESCAPE_RULE, "wall time per step"],
+        "power": {"method": "Monte Carlo paired t-test (stats.paired_t_power), 80% power, n = 12",
+                  "holm_first_step": holm_thresholds([0.0] * (len(ARMS) - 1))[0],
+                  "rows": power_table(len(SEEDS), len(ARMS) - 1)},
+        "compute": {"pilot_step_seconds": {m: c.get("step_seconds_median") for m, c in cost.items()
+                                           if isinstance(c, dict)},
+                    "note": "one core a process; credit arms score readiness after every search"},
+        "amendments": [],
+    }
+
+
+def main() -> None:
+    args = _args()
+    if args.amend:
+        data = json.loads(args.out.read_text())
+        data["amendments"].append({"date": datetime.date.today().isoformat(), "text": args.amend})
+        write_json(args.out, data)
+        print(f"amended {args.out}")
+        return
+    if args.out.exists():
+        raise SystemExit(f"{args.out} exists: a registration is written once (use --amend)")
+    write_json(args.out, registration(args))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
