@@ -19,11 +19,13 @@ of the issue's conditions it meets (sampled success 3-10%, mean tool calls >= 4 
 flips in mixed groups > 0). These are pilot runs, not counted: they choose a setting, they test
 nothing (``counted: false`` in the JSON).
 
-The clue variants (``clues_*`` and ``clueans_*``: four-hop questions on the world whose documents
-also name their two-hop entities among look-alikes, on the two clue bases) are chosen by a rule
-written down before their pilot ran: among the variants that meet all four requirements, the one
-whose sampled success is nearest 6.5% (the middle of the range); a tie goes to the base without
-clue answers, then to the higher temperature. If none meets all four, no test is registered.
+The clue variants (``clues_*`` and ``cluesL_*``: four-hop questions on the world whose documents end
+by naming their two-hop entities, on the two clue bases) are chosen by a rule written down before
+their pilot ran: among the variants that meet all four requirements, the one whose sampled success
+is nearest 6.5% (the middle of the range); a tie goes to the base pretrained for fewer steps, then
+to the higher temperature. If none meets all four, no test is registered. (A first clue design, with
+each two-hop entity's look-alike named beside it and the clue shuffled in among the facts, left both
+of its bases at 0% greedy and at most 0.7% sampled success: ``long_horizon_pilot_clues_v1.json``.)
 
 ``--step-cost N`` times ``N`` training steps of ``--methods`` (default GRPO and ``trace_credit``) per
 variant instead and adds them to the file's ``step_cost``: what a counted shard would cost.
@@ -84,10 +86,9 @@ VARIANTS: dict[str, list[str]] = {
     "h45_t10_temp07": ["data.world.min_hops=4", "data.world.max_hops=5", "rollout.engine.max_turns=10",
                        "rollout.engine.temperature=0.7"],
 }
-# Four-hop questions on the clue world (each document also names its two-hop entities among look-alikes,
-# so the gold is in context after the third search) and its two bases: ``bench_hops_clues`` answers a
-# relation link of the last document, ``bench_hops_clue_answers`` half the time any name it holds.
-for _preset, _tag in (("bench_hops_clues", "clues"), ("bench_hops_clue_answers", "clueans")):
+# Four-hop questions on the clue world (each document ends by naming its two-hop entities, so the gold
+# is in context after the third search) on its two bases: ``bench_hops_clues`` and ``_longer`` (1.5x steps).
+for _preset, _tag in (("bench_hops_clues", "clues"), ("bench_hops_clues_longer", "cluesL")):
     for _temp in ("", "07", "05"):
         VARIANTS[f"{_tag}_h4_t8" + (f"_temp{_temp}" if _temp else "")] = [
             f"model.tiny_preset={_preset}", "data.world.clues=1", "data.world.min_hops=4", "data.world.max_hops=4",
@@ -199,14 +200,14 @@ def requirements(row: dict[str, Any]) -> dict[str, Any]:
             "greedy_not_saturated": row["greedy"]["em"] < 0.9}
 
 
-CLUE_TAGS = ("clues", "clueans")
-"""The clue variants' name prefixes, in the selection rule's tie order (the base without clue answers first)."""
+CLUE_TAGS = ("clues", "cluesL")
+"""The clue variants' name prefixes, in the selection rule's tie order (the base pretrained for fewer steps first)."""
 
 
 def choose_variant(rows: dict[str, dict[str, Any]]) -> str | None:
     """The selection rule (module docstring, written before the clue pilot ran): among the clue variants
     whose requirements all hold, the one whose sampled success is nearest the middle of the range;
-    ties go to the base without clue answers, then to the higher temperature. None: no variant qualifies."""
+    ties go to the base pretrained for fewer steps, then to the higher temperature. None: no variant qualifies."""
     middle = sum(SAMPLED_RANGE) / 2
 
     def temperature(row: dict[str, Any]) -> float:

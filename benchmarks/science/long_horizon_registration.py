@@ -105,7 +105,7 @@ def registration(args: argparse.Namespace) -> dict[str, Any]:
                               "greedy": chosen["greedy"], "sampled": chosen["sampled"],
                               "credit": {k: v for k, v in chosen["credit"].items() if k != "measure"}},
                     "selection_rule": "among the clue variants meeting all four requirements, the one whose sampled "
-                                      "success is nearest 6.5%; ties to the base without clue answers, then the "
+                                      "success is nearest 6.5%; ties to the base pretrained for fewer steps, then the "
                                       "higher temperature (written in long_horizon_pilot.py before the pilot ran)"},
         "base": base,
         "arms": ARMS,

@@ -48,11 +48,11 @@ def test_the_selection_rule_takes_the_qualified_clue_variant_nearest_the_middle(
     t = ["rollout.engine.temperature=0.7"]
     rows = {"clues_h4_t8": {**_row(0.09, 4.1, (0.0, 0.1)), "overrides": []},
             "clues_h4_t8_temp07": {**_row(0.07, 4.1, (0.0, 0.1)), "overrides": t},
-            "clueans_h4_t8": {**_row(0.065, 3.9, (0.0, 0.1)), "overrides": []},  # nearest, but 3.9 calls
+            "cluesL_h4_t8": {**_row(0.065, 3.9, (0.0, 0.1)), "overrides": []},  # nearest, but 3.9 calls
             "h4_t8": {**_row(0.065, 4.5, (0.2, 0.2)), "overrides": []}}  # not a clue variant
     assert _chosen(rows) == "clues_h4_t8_temp07"  # |7 - 6.5| < |9 - 6.5|
-    # a tie goes to the base without clue answers, then to the higher temperature
-    rows["clueans_h4_t8"] = {**_row(0.06, 4.1, (0.0, 0.1)), "overrides": []}
+    # a tie goes to the base pretrained for fewer steps, then to the higher temperature
+    rows["cluesL_h4_t8"] = {**_row(0.06, 4.1, (0.0, 0.1)), "overrides": []}
     assert _chosen(rows) == "clues_h4_t8_temp07"
     rows["clues_h4_t8"] = {**_row(0.06, 4.1, (0.0, 0.1)), "overrides": []}
     assert _chosen(rows) == "clues_h4_t8"  # 1.0 beats 0.7 at the same distance and base

@@ -9,8 +9,8 @@ many).
 
 Each entity gets one document stating only its own facts (outgoing relations plus filler
 attributes), so a k-hop question needs k searches: no document states two hops of a chain.
-With ``clues`` on, each document also names its two-hop entities among look-alikes: partial
-evidence that narrows the answer one search early without making any search unnecessary.
+With ``clues`` on, each document ends by naming its two-hop entities: partial evidence that
+narrows the answer one search early.
 Templates use a small plain vocabulary and only the punctuation ``. , ?`` so a word-level
 tokenizer keeps every entity name a single token.
 """
@@ -121,10 +121,10 @@ class WorldConfig:
     distractors: int = 1
     """Look-alike siblings per base name (differ by one syllable or suffix, own facts)."""
     clues: int = 0
-    """1: each document also names, in one sentence, the entities two relations away from its own
-    (each with its look-alike siblings, shuffled): partial evidence, so the gold answer is in context
-    one search before the last, among a handful of candidates. 0: no clue sentence. A tiny base model
-    needs the clue sentence's words in its vocabulary: the ``bench_hops_clues`` presets have them."""
+    """1: each document ends with one more sentence naming the entities two relations away from its
+    own: partial evidence, so the gold answer is in context one search before the last, among two to
+    four candidates. 0: no clue sentence. A tiny base model needs the clue sentence's words in its
+    vocabulary: the ``bench_hops_clues`` presets have them."""
     facts_per_document: int = 4
     """Sentences per document: all relations of the entity plus filler attributes."""
     min_hops: int = 1
@@ -255,20 +255,6 @@ def _wire(entities: list[Entity], rng: random.Random) -> dict[tuple[int, str], i
     return facts
 
 
-def families(config: WorldConfig, entities: list[Entity]) -> list[tuple[int, ...]]:
-    """Entity index -> the indices of its name family (base name and look-alikes), as
-    :func:`draw_names` made them: consecutive runs of ``1 + distractors`` entities per type."""
-    out: list[tuple[int, ...]] = [()] * len(entities)
-    for etype in TYPES:
-        members = [e.index for e in entities if e.type == etype]
-        size = 1 + config.distractors
-        for start in range(0, len(members), size):
-            family = tuple(members[start:start + size])
-            for index in family:
-                out[index] = family
-    return out
-
-
 def _two_hop(entity: Entity, entities: list[Entity], facts: dict[tuple[int, str], int]) -> list[int]:
     """Entities two relations away from ``entity`` (not itself, not one relation away), in relation order."""
     near = [facts[(entity.index, r.name)] for r in RELATIONS_OF[entity.type]]
@@ -281,15 +267,9 @@ def _two_hop(entity: Entity, entities: list[Entity], facts: dict[tuple[int, str]
     return out
 
 
-def _clue(entity: Entity, entities: list[Entity], facts: dict[tuple[int, str], int],
-          family: list[tuple[int, ...]], rng: random.Random) -> str | None:
-    """The clue sentence of ``entity`` (its two-hop entities and their look-alikes, shuffled), or None
-    when it has no two-hop entity. It is shuffled in with the document's other sentences, so the
-    other sentences' wording differs from the world without clues (the facts and questions do not)."""
-    near = {facts[(entity.index, r.name)] for r in RELATIONS_OF[entity.type]}
-    names: list[int] = []
-    for far in _two_hop(entity, entities, facts):
-        names += [i for i in family[far] if i not in names and i != entity.index and i not in near]
+def _clue(entity: Entity, entities: list[Entity], facts: dict[tuple[int, str], int], rng: random.Random) -> str | None:
+    """The clue sentence of ``entity`` (its two-hop entities, shuffled), or None when it has none."""
+    names = _two_hop(entity, entities, facts)
     if not names:
         return None
     rng.shuffle(names)
@@ -304,9 +284,9 @@ def _document(entity: Entity, entities: list[Entity], facts: dict[tuple[int, str
         sentences.append(rng.choice(rel.sentences).format(s=entity.name, o=target))
     for template, values in rng.sample(ATTRIBUTES[entity.type], per_doc - len(sentences)):
         sentences.append(template.format(s=entity.name, v=rng.choice(values)))
-    if clue is not None:
-        sentences.append(clue)
     rng.shuffle(sentences)
+    if clue is not None:  # always last, after the facts: one place a reader learns to look for candidates
+        sentences.append(clue)
     return Document(id=f"sw-{entity.index:05d}", title=entity.name, text=" ".join(sentences))
 
 
@@ -322,7 +302,7 @@ def _chain(start: int, hops: int, world_facts: dict[tuple[int, str], int], entit
         chain.append(nxt)
         rels.append(rel)
     # No document's relation sentences may name an entity two or more hops further down the chain
-    # (a clue sentence does, on purpose: among look-alikes and other two-hop entities).
+    # (a clue sentence does, on purpose: among the other two-hop entities).
     for i, node in enumerate(chain[:-2]):
         mentioned = {world_facts[(node, r.name)] for r in RELATIONS_OF[entities[node].type]}
         if mentioned & set(chain[i + 2:]):
@@ -374,8 +354,8 @@ def build_world(config: WorldConfig | None = None) -> World:
     facts = _wire(entities, random.Random(f"synthwiki-facts:{seed}"))
     doc_rng = random.Random(f"synthwiki-docs:{seed}")
     if config.clues:
-        family, clue_rng = families(config, entities), random.Random(f"synthwiki-clues:{seed}")
-        clues = [_clue(e, entities, facts, family, clue_rng) for e in entities]
+        clue_rng = random.Random(f"synthwiki-clues:{seed}")
+        clues = [_clue(e, entities, facts, clue_rng) for e in entities]
     else:
         clues = [None] * len(entities)
     documents = [_document(e, entities, facts, config.facts_per_document, doc_rng, clue)

@@ -60,12 +60,6 @@ class ExplorerConfig:
     Which links are followed and which entity is answered stay random, so the base model learns
     how many lookups a question needs but not which ones. 0 (the default presets) keeps the count
     question-agnostic; the ``bench_hops`` preset uses it (issue 13)."""
-    clue_answers: float = 0.0
-    """In a world with clue sentences (:attr:`~tracerl.envs.synthwiki.WorldConfig.clues`): chance that
-    the answer is drawn from every entity the last document names, its clue sentence included,
-    instead of its relation links. Searches always follow relation links. Above 0 the base model
-    also reads clue names as candidate answers, so its gold log-prob rises when a clue names the
-    gold; 0 keeps the explorer of the world without clues."""
 
 
 @dataclass
@@ -153,8 +147,6 @@ def explore(task: Task, wt: WorldTools, fmt: AgentFormat, rng: random.Random,
         seen += [n for n in wt.entities_in(obs.text) if n not in seen]
         if obs.done:
             return pieces  # out of turns: the episode ends without an answer
-    if searched and cfg.clue_answers > 0 and wt.relation_targets is not None and rng.random() < cfg.clue_answers:
-        links = wt.named_in(searched[-1])
     answer_pool = links if links and rng.random() < cfg.focus else seen
     if answer_pool:
         pieces.append((fmt.render_action(Action(kind="answer", answer=rng.choice(answer_pool))), True))
