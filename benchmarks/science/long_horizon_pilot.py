@@ -27,6 +27,13 @@ to the higher temperature. If none meets all four, no test is registered. (A fir
 each two-hop entity's look-alike named beside it and the clue shuffled in among the facts, left both
 of its bases at 0% greedy and at most 0.7% sampled success: ``long_horizon_pilot_clues_v1.json``.)
 
+Third round (the rule written before it ran): on the clue base that met the rates (``bench_hops_clues_longer``;
+the second round's variants all showed no sign flip, at K = 3 or K = 1, and 3.92-3.98 sampled calls),
+tighter turn limits: 5 turns (four searches and the answer, no slack: an episode that finds the last
+document late fails with the gold in context) or 6, at temperature 0.5 or 0.7 (``cluesL_h4_t5*``,
+``cluesL_h4_t6*``). Among them, the variants meeting all four requirements, the one nearest 6.5%
+sampled success; ties to more turns, then the higher temperature.
+
 ``--step-cost N`` times ``N`` training steps of ``--methods`` (default GRPO and ``trace_credit``) per
 variant instead and adds them to the file's ``step_cost``: what a counted shard would cost.
 
@@ -93,6 +100,12 @@ for _preset, _tag in (("bench_hops_clues", "clues"), ("bench_hops_clues_longer",
         VARIANTS[f"{_tag}_h4_t8" + (f"_temp{_temp}" if _temp else "")] = [
             f"model.tiny_preset={_preset}", "data.world.clues=1", "data.world.min_hops=4", "data.world.max_hops=4",
             "rollout.engine.max_turns=8"] + ([f"rollout.engine.temperature=0.{_temp[1]}"] if _temp else [])
+# Third round: the longer-pretrained clue base with no slack turn (5) or one (6).
+for _turns in (5, 6):
+    for _temp in ("07", "05"):
+        VARIANTS[f"cluesL_h4_t{_turns}_temp{_temp}"] = [
+            "model.tiny_preset=bench_hops_clues_longer", "data.world.clues=1", "data.world.min_hops=4",
+            "data.world.max_hops=4", f"rollout.engine.max_turns={_turns}", f"rollout.engine.temperature=0.{_temp[1]}"]
 """Pilot settings on top of :data:`LONG_BASE`."""
 
 SAMPLED_RANGE = (0.03, 0.10)
@@ -200,23 +213,21 @@ def requirements(row: dict[str, Any]) -> dict[str, Any]:
             "greedy_not_saturated": row["greedy"]["em"] < 0.9}
 
 
-CLUE_TAGS = ("clues", "cluesL")
-"""The clue variants' name prefixes, in the selection rule's tie order (the base pretrained for fewer steps first)."""
+ROUNDS: dict[str, list[str]] = {
+    "clues": [f"{tag}_h4_t8{temp}" for tag in ("clues", "cluesL") for temp in ("", "_temp07", "_temp05")],
+    "turns": [f"cluesL_h4_t{turns}_temp{temp}" for turns in (6, 5) for temp in ("07", "05")],
+}
+"""The clue rounds' candidates, each in its selection rule's tie order (module docstring)."""
 
 
-def choose_variant(rows: dict[str, dict[str, Any]]) -> str | None:
-    """The selection rule (module docstring, written before the clue pilot ran): among the clue variants
-    whose requirements all hold, the one whose sampled success is nearest the middle of the range;
-    ties go to the base pretrained for fewer steps, then to the higher temperature. None: no variant qualifies."""
+def choose_variant(rows: dict[str, dict[str, Any]], candidates: list[str]) -> str | None:
+    """A round's selection rule (module docstring, written before the round ran): among ``candidates``
+    measured in ``rows`` whose requirements all hold, the one whose sampled success is nearest the
+    middle of the range; ties go to the earlier candidate. None: no candidate qualifies."""
     middle = sum(SAMPLED_RANGE) / 2
-
-    def temperature(row: dict[str, Any]) -> float:
-        set_to = [o.split("=", 1)[1] for o in row["overrides"] if o.startswith("rollout.engine.temperature=")]
-        return float(set_to[-1]) if set_to else 1.0
-
-    qualified = [(round(abs(row["sampled"]["em"] - middle), 9), CLUE_TAGS.index(name.split("_", 1)[0]), -temperature(row), name)
-                 for name, row in rows.items()
-                 if name.split("_", 1)[0] in CLUE_TAGS and all(v is True for v in row["requirements"].values())]
+    qualified = [(round(abs(rows[name]["sampled"]["em"] - middle), 9), candidates.index(name), name)
+                 for name in candidates
+                 if name in rows and all(v is True for v in rows[name]["requirements"].values())]
     return min(qualified)[-1] if qualified else None
 
 

@@ -53,6 +53,7 @@ def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pilot", type=Path, default=RESULTS / "long_horizon_pilot_clues.json",
                    help="The pilot JSON holding the variant's statistics and step costs.")
+    p.add_argument("--round", choices=("clues", "turns"), default="turns", help="The pilot round whose rule chooses.")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--lr", default="1e-3")
     p.add_argument("--amend", metavar="TEXT", help="Append a dated amendment to the existing registration.")
@@ -84,7 +85,7 @@ def registration(args: argparse.Namespace) -> dict[str, Any]:
     import long_horizon_pilot as pilot
 
     rows = json.loads(args.pilot.read_text())["variants"]
-    variant = pilot.choose_variant(rows)
+    variant = pilot.choose_variant(rows, pilot.ROUNDS[args.round])
     if variant is None:
         raise SystemExit(f"{args.pilot}: no clue variant meets every requirement: no test is registered")
     chosen = rows[variant]

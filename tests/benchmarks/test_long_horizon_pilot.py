@@ -40,20 +40,25 @@ def test_episode_stats_keeps_the_hop_split() -> None:
     assert got["em_by_hops"] == {"4": 0.3, "5": 0.2} and got["tool_calls"] == 4.5 and "f1" not in got
 
 
-def _chosen(rows: dict) -> str | None:
-    return pilot.choose_variant({name: {**row, "requirements": pilot.requirements(row)} for name, row in rows.items()})
+def _chosen(rows: dict, round_name: str = "clues") -> str | None:
+    rows = {name: {**row, "requirements": pilot.requirements(row)} for name, row in rows.items()}
+    return pilot.choose_variant(rows, pilot.ROUNDS[round_name])
 
 
-def test_the_selection_rule_takes_the_qualified_clue_variant_nearest_the_middle() -> None:
-    t = ["rollout.engine.temperature=0.7"]
-    rows = {"clues_h4_t8": {**_row(0.09, 4.1, (0.0, 0.1)), "overrides": []},
-            "clues_h4_t8_temp07": {**_row(0.07, 4.1, (0.0, 0.1)), "overrides": t},
-            "cluesL_h4_t8": {**_row(0.065, 3.9, (0.0, 0.1)), "overrides": []},  # nearest, but 3.9 calls
-            "h4_t8": {**_row(0.065, 4.5, (0.2, 0.2)), "overrides": []}}  # not a clue variant
+def test_the_selection_rule_takes_the_qualified_variant_nearest_the_middle() -> None:
+    rows = {"clues_h4_t8": _row(0.09, 4.1, (0.0, 0.1)),
+            "clues_h4_t8_temp07": _row(0.07, 4.1, (0.0, 0.1)),
+            "cluesL_h4_t8": _row(0.065, 3.9, (0.0, 0.1)),  # nearest, but 3.9 calls
+            "h4_t8": _row(0.065, 4.5, (0.2, 0.2))}  # not a candidate of the round
     assert _chosen(rows) == "clues_h4_t8_temp07"  # |7 - 6.5| < |9 - 6.5|
-    # a tie goes to the base pretrained for fewer steps, then to the higher temperature
-    rows["cluesL_h4_t8"] = {**_row(0.06, 4.1, (0.0, 0.1)), "overrides": []}
+    # a tie goes to the earlier candidate: the base pretrained for fewer steps, then the higher temperature
+    rows["cluesL_h4_t8"] = _row(0.06, 4.1, (0.0, 0.1))
     assert _chosen(rows) == "clues_h4_t8_temp07"
-    rows["clues_h4_t8"] = {**_row(0.06, 4.1, (0.0, 0.1)), "overrides": []}
-    assert _chosen(rows) == "clues_h4_t8"  # 1.0 beats 0.7 at the same distance and base
-    assert _chosen({"clues_h4_t8": {**_row(0.06, 4.1, (0.0, 0.0)), "overrides": []}}) is None  # no flips
+    rows["clues_h4_t8"] = _row(0.06, 4.1, (0.0, 0.1))
+    assert _chosen(rows) == "clues_h4_t8"
+    assert _chosen({"clues_h4_t8": _row(0.06, 4.1, (0.0, 0.0))}) is None  # no flips
+    # the turns round: more turns first, then the higher temperature
+    turns = {"cluesL_h4_t5_temp07": _row(0.05, 4.2, (0.0, 0.1)), "cluesL_h4_t6_temp05": _row(0.08, 4.2, (0.0, 0.1))}
+    assert _chosen(turns, "turns") == "cluesL_h4_t6_temp05"  # both 1.5 points from the middle
+    assert pilot.ROUNDS["turns"][0] == "cluesL_h4_t6_temp07" and set(pilot.ROUNDS["turns"]) <= set(pilot.VARIANTS)
+    assert set(pilot.ROUNDS["clues"]) <= set(pilot.VARIANTS)
