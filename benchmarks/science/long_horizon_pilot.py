@@ -149,7 +149,11 @@ def step_cost(name: str, args: argparse.Namespace) -> dict[str, Any]:
         out[method] = {"steps": len(records), "step_seconds": [r["step_seconds"] for r in records],
                        "step_seconds_median": statistics.median(r["step_seconds"] for r in records),
                        "generated_tokens_per_step": mean([float(r["generated_tokens"]) for r in records
-                                                          if r.get("generated_tokens") is not None])}
+                                                          if r.get("generated_tokens") is not None]),
+                       # per step: how often the turn term flipped an outcome term's sign in mixed groups
+                       # (credit arms only; NaN in a step without a mixed group) and the training success
+                       "credit_mixed_flip_share": [r.get("credit_mixed_flip_share") for r in records],
+                       "reward_mean": [r.get("reward_mean") for r in records]}
         print(f"{name} {method}: {out[method]['step_seconds_median']:.2f} s/step", flush=True)
     return out
 

@@ -113,3 +113,15 @@ def test_diagnostics_without_all_same_groups_are_nan() -> None:
     b = batch()
     got = credit_diagnostics(AdvantageBatch(b.trajectories[:2]), AdvantageOptions(**PLAIN))  # type: ignore[arg-type]
     assert math.isnan(got["credit_allsame_turn_mean"]) and math.isnan(got["credit_allsame_turn_pos"])
+
+
+def test_flip_share_counts_turn_terms_that_override_the_outcome() -> None:
+    # as batch(), but B's one search raises readiness by 2: its turn term +2 outweighs its outcome -1
+    a = make_traj(["s1", "s2", "ansA"], 1.0, readiness=[-2.0, -1.0, -0.5])  # o +1, t [1, 0.5]: same sign
+    b = make_traj(["s1", "ansB"], 0.0, readiness=[-2.0, 0.0])  # o -1, t +2: flipped
+    c = make_traj(["s1", "ansC"], 0.0, group="h", readiness=[-2.0, 0.0])  # all-same group: not counted
+    got = credit_diagnostics(AdvantageBatch([a, b, c]), AdvantageOptions(**PLAIN))  # type: ignore[arg-type]
+    assert got["credit_mixed_flip_share"] == pytest.approx(1 / 3)
+    assert credit_diagnostics(batch(), AdvantageOptions(**PLAIN))["credit_mixed_flip_share"] == 0.0  # type: ignore[arg-type]
+    only_c = credit_diagnostics(AdvantageBatch([c]), AdvantageOptions(**PLAIN))  # type: ignore[arg-type]
+    assert math.isnan(only_c["credit_mixed_flip_share"])

@@ -58,6 +58,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("credit_allsame_turn_mean", "credit", "trace_credit: mean of the paper's turn term w_turn c_k over transitions of all-same groups, where it is the only gradient (NaN without such transitions)."),
     Metric("credit_allsame_turn_pos", "credit", "trace_credit: share of those turn terms that are positive."),
     Metric("credit_turn_outcome_cos", "credit", "trace_credit: cosine between the per-token turn-term and outcome-term advantage vectors as trained, over sampled tokens (a direction of the advantages, not of gradients)."),
+    Metric("credit_mixed_flip_share", "credit", "trace_credit: share of the transitions of mixed groups (outcome term not 0) whose turn term, as trained, flips the outcome term's sign: how often turn credit overrides the outcome (NaN without such transitions)."),
     Metric("stratum_share_{stratum}", "scheme", "Share of the step's trained prompts in one stratum (hop count `hops{k}` where tasks know it, else a predicted-value quartile `v{k}`); a starved stratum warns once."),
     Metric("stratum_rollouts_{stratum}", "scheme", "Share of the step's valid rollouts spent on one stratum."),
     Metric("stratum_success_{stratum}", "scheme", "Success rate (reward > 0.5) of the step's rollouts in one stratum."),

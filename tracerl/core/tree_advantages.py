@@ -233,7 +233,10 @@ def credit_diagnostics(batch: AdvantageBatch, options: AdvantageOptions) -> dict
       vectors as trained (shaped), over the sampled tokens of the batch. A direction of the
       advantages, not of the gradients: ``sum_t A_t grad log p_t`` weighs each token's score by
       its advantage, so aligned advantage vectors push the same tokens the same way; NaN when
-      either vector is 0.
+      either vector is 0;
+    * ``credit_mixed_flip_share``: over the transitions of mixed groups whose outcome term is not 0,
+      the share where the turn term (as trained) flips the sign of the outcome term: where turn
+      credit overrides the outcome (NaN when the batch has no such transition).
     """
     parts = trace_credit_parts(batch, options)
     same = [v for r, m, t in zip(parts.raw_turn, parts.mixed, batch.trajectories, strict=True) if not m and not t.infra_failed
@@ -243,8 +246,12 @@ def credit_diagnostics(batch: AdvantageBatch, options: AdvantageOptions) -> dict
     out = torch.cat([_spread(t, o) for t, o in zip(trajs, parts.outcome, strict=True)] or [torch.zeros(0)]).double()
     norm = float(turn.norm() * out.norm())
     nan = float("nan")
+    flips = [bool((o + u) * o < 0) for r_o, r_u, t, m in zip(parts.outcome, parts.turn, trajs, parts.mixed, strict=True)
+             if m for o, u, turn_ in zip(r_o.tolist(), r_u.tolist(), t.turns, strict=True)
+             if turn_.is_transition and o != 0.0]
     return {
         "credit_allsame_turn_mean": sum(same) / len(same) if same else nan,
         "credit_allsame_turn_pos": sum(v > 0 for v in same) / len(same) if same else nan,
         "credit_turn_outcome_cos": float(turn @ out) / norm if norm > 0 else nan,
+        "credit_mixed_flip_share": sum(flips) / len(flips) if flips else nan,
     }
