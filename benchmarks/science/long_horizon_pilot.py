@@ -34,6 +34,13 @@ document late fails with the gold in context) or 6, at temperature 0.5 or 0.7 (`
 ``cluesL_h4_t6*``). Among them, the variants meeting all four requirements, the one nearest 6.5%
 sampled success; ties to more turns, then the higher temperature.
 
+Fourth round (the rule written before it ran; the third round's variants repeated the second's
+rates: the base answers within five turns, so the turn limit never bound, and no sign flip): a base
+whose explorer always searches once per hop (``bench_hops_clues_exact``, ``exact_h4_t8*``), and the
+``_longer`` base on four- and five-hop questions at temperature 0.5 or 0.4 (``cluesL_h45_t10_temp05``,
+``..._temp04``). The same rule: all four requirements, nearest 6.5% sampled success; ties in the
+order of ``ROUNDS["exact"]``.
+
 ``--step-cost N`` times ``N`` training steps of ``--methods`` (default GRPO and ``trace_credit``) per
 variant instead and adds them to the file's ``step_cost``: what a counted shard would cost.
 
@@ -106,6 +113,15 @@ for _turns in (5, 6):
         VARIANTS[f"cluesL_h4_t{_turns}_temp{_temp}"] = [
             "model.tiny_preset=bench_hops_clues_longer", "data.world.clues=1", "data.world.min_hops=4",
             "data.world.max_hops=4", f"rollout.engine.max_turns={_turns}", f"rollout.engine.temperature=0.{_temp[1]}"]
+# Fourth round: the exact-count base on four hops; the longer-pretrained base on four and five hops.
+for _temp in ("", "07", "05"):
+    VARIANTS["exact_h4_t8" + (f"_temp{_temp}" if _temp else "")] = [
+        "model.tiny_preset=bench_hops_clues_exact", "data.world.clues=1", "data.world.min_hops=4",
+        "data.world.max_hops=4", "rollout.engine.max_turns=8"] + ([f"rollout.engine.temperature=0.{_temp[1]}"] if _temp else [])
+for _temp in ("05", "04"):
+    VARIANTS[f"cluesL_h45_t10_temp{_temp}"] = [
+        "model.tiny_preset=bench_hops_clues_longer", "data.world.clues=1", "data.world.min_hops=4",
+        "data.world.max_hops=5", "rollout.engine.max_turns=10", f"rollout.engine.temperature=0.{_temp[1]}"]
 """Pilot settings on top of :data:`LONG_BASE`."""
 
 SAMPLED_RANGE = (0.03, 0.10)
@@ -220,6 +236,8 @@ def requirements(row: dict[str, Any]) -> dict[str, Any]:
 ROUNDS: dict[str, list[str]] = {
     "clues": [f"{tag}_h4_t8{temp}" for tag in ("clues", "cluesL") for temp in ("", "_temp07", "_temp05")],
     "turns": [f"cluesL_h4_t{turns}_temp{temp}" for turns in (6, 5) for temp in ("07", "05")],
+    "exact": ["exact_h4_t8", "exact_h4_t8_temp07", "exact_h4_t8_temp05", "cluesL_h45_t10_temp05",
+              "cluesL_h45_t10_temp04"],
 }
 """The clue rounds' candidates, each in its selection rule's tie order (module docstring)."""
 

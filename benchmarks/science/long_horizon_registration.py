@@ -53,7 +53,7 @@ def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pilot", type=Path, default=RESULTS / "long_horizon_pilot_clues.json",
                    help="The pilot JSON holding the variant's statistics and step costs.")
-    p.add_argument("--round", choices=("clues", "turns"), default="turns", help="The pilot round whose rule chooses.")
+    p.add_argument("--round", choices=("clues", "turns", "exact"), default="exact", help="The pilot round whose rule chooses.")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--lr", default="1e-3")
     p.add_argument("--amend", metavar="TEXT", help="Append a dated amendment to the existing registration.")

@@ -92,5 +92,7 @@ def test_the_explorer_follows_relation_links_only(world) -> None:
 def test_clue_presets_and_the_old_hashes() -> None:
     clues, longer = get_preset("bench_hops_clues"), get_preset("bench_hops_clues_longer")
     assert clues.world.clues == 1 and clues.seq_len == 768 and replace(longer, steps=clues.steps) == clues
+    exact = get_preset("bench_hops_clues_exact")
+    assert replace(exact, explorer=longer.explorer) == longer and exact.explorer.hop_aware == 1.0
     # worlds without the new field keep the hash (and shipped manifest) they had
     assert get_preset("bench_hops_lookalike").hash() == "410e57bedbfd5c64"
