@@ -291,13 +291,16 @@ def run_variant(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
+    from tracerl.testbed.provenance import git_state
+
     args = _args()
     configure_torch(args.threads)
     if args.step_cost:
         done = json.loads(args.out.read_text())
         costs = done.setdefault("step_cost", {})
         for name in args.variants:
-            costs[name] = {"load_average_1_5_15": list(os.getloadavg()), **step_cost(name, args)}
+            # the file's own ``git`` is the commit its statistics came from; these steps may come later
+            costs[name] = {"load_average_1_5_15": list(os.getloadavg()), "git": git_state(), **step_cost(name, args)}
             write_json(args.out, done)
         print(f"wrote {args.out}")
         return
