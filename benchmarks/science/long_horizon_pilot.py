@@ -41,6 +41,18 @@ whose explorer always searches once per hop (``bench_hops_clues_exact``, ``exact
 ``..._temp04``). The same rule: all four requirements, nearest 6.5% sampled success; ties in the
 order of ``ROUNDS["exact"]``.
 
+Amendment to the fourth round, written before any of its base's numbers were seen (the two
+``cluesL_h45`` variants had run: sampled 4.3% and 5.0%, 3.98 and 4.00 calls, no mixed group in their
+pools): at the base the policy is the reference, so a turn that makes the gold likely under the
+reference also makes the policy answer it, and failures with the gold in context are rare; sign
+flips show up once training moves the policy (40 pilot steps of ``trace_credit_k1`` on
+``cluesL_h4_t8_temp05``: 21.9% of one step's mixed transitions). So the flip requirement also counts
+as met when 40 pilot training steps of ``trace_credit`` or ``trace_credit_k1`` (``--step-cost 40``)
+show a flip. The rule (``choose_with_training``): the candidates meeting the other three
+requirements, nearest 6.5% first (ties in ``ROUNDS`` order); the first whose base pools or pilot
+training steps show a flip is chosen; training steps are run only for candidates whose pools show
+none, in that order, until one qualifies.
+
 ``--step-cost N`` times ``N`` training steps of ``--methods`` (default GRPO and ``trace_credit``) per
 variant instead and adds them to the file's ``step_cost``: what a counted shard would cost.
 
@@ -251,6 +263,34 @@ def choose_variant(rows: dict[str, dict[str, Any]], candidates: list[str]) -> st
                  for name in candidates
                  if name in rows and all(v is True for v in rows[name]["requirements"].values())]
     return min(qualified)[-1] if qualified else None
+
+
+def training_flips(cost: dict[str, Any] | None) -> bool | None:
+    """Whether any pilot training step (``step_cost`` of a variant, any credit arm) showed a sign flip;
+    None when no credit arm's steps were recorded."""
+    shares = [x for arm in (cost or {}).values() if isinstance(arm, dict)
+              for x in arm.get("credit_mixed_flip_share", []) if x is not None and x == x]  # x == x: not NaN
+    recorded = any(isinstance(arm, dict) and "credit_mixed_flip_share" in arm for arm in (cost or {}).values())
+    return any(x > 0 for x in shares) if recorded else None
+
+
+def choose_with_training(rows: dict[str, dict[str, Any]], costs: dict[str, dict[str, Any]],
+                         candidates: list[str]) -> tuple[str | None, list[str]]:
+    """The fourth round's amended rule (module docstring): returns the chosen variant (or None) and
+    the candidates that still need pilot training steps before the rule can decide (in order)."""
+    middle = sum(SAMPLED_RANGE) / 2
+    others = ("sampled_in_range", "tool_calls_at_least_4", "greedy_not_saturated")
+    ranked = sorted((round(abs(rows[n]["sampled"]["em"] - middle), 9), candidates.index(n), n) for n in candidates
+                    if n in rows and all(rows[n]["requirements"][k] is True for k in others))
+    for _, _, name in ranked:
+        if rows[name]["requirements"]["sign_flips_in_mixed_groups"] is True:
+            return name, []
+        trained = training_flips(costs.get(name))
+        if trained is None:
+            return None, [name]
+        if trained:
+            return name, []
+    return None, []
 
 
 def run_variant(name: str, args: argparse.Namespace) -> dict[str, Any]:

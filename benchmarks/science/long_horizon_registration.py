@@ -51,7 +51,7 @@ spreads the power table assumes (none is from the long-horizon testbed, where no
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pilot", type=Path, default=RESULTS / "long_horizon_pilot_clues.json",
+    p.add_argument("--pilot", type=Path, default=RESULTS / "long_horizon_pilot_exact.json",
                    help="The pilot JSON holding the variant's statistics and step costs.")
     p.add_argument("--round", choices=("clues", "turns", "exact"), default="exact", help="The pilot round whose rule chooses.")
     p.add_argument("--steps", type=int, default=150)
@@ -84,15 +84,23 @@ def power_table(n: int, arms: int) -> list[dict[str, Any]]:
 def registration(args: argparse.Namespace) -> dict[str, Any]:
     import long_horizon_pilot as pilot
 
-    rows = json.loads(args.pilot.read_text())["variants"]
-    variant = pilot.choose_variant(rows, pilot.ROUNDS[args.round])
+    data = json.loads(args.pilot.read_text())
+    rows, costs = data["variants"], data.get("step_cost", {})
+    if args.round == "exact":
+        variant, pending = pilot.choose_with_training(rows, costs, pilot.ROUNDS["exact"])
+        if pending:
+            raise SystemExit(f"{args.pilot}: the rule needs pilot training steps of {pending[0]} first "
+                             f"(long_horizon_pilot.py --variants {pending[0]} --step-cost 40 --methods trace_credit "
+                             "trace_credit_k1)")
+    else:
+        variant = pilot.choose_variant(rows, pilot.ROUNDS[args.round])
     if variant is None:
-        raise SystemExit(f"{args.pilot}: no clue variant meets every requirement: no test is registered")
+        raise SystemExit(f"{args.pilot}: no variant of round {args.round} meets every requirement: no test is registered")
     chosen = rows[variant]
     setting = pilot.LONG_BASE + pilot.VARIANTS[variant]
     config = resolve("grpo", setting + [f"optim.lr={args.lr}"], False)
     base = provenance_of(config)
-    cost = json.loads(args.pilot.read_text()).get("step_cost", {}).get(variant, {})
+    cost = costs.get(variant, {})
     return {
         "registered": datetime.date.today().isoformat(),
         "status": "registered before any counted run; the analysis below is the one the verdict uses",
@@ -105,9 +113,12 @@ def registration(args: argparse.Namespace) -> dict[str, Any]:
                     "pilot": {"file": str(args.pilot.relative_to(RESULTS.parent.parent)),
                               "greedy": chosen["greedy"], "sampled": chosen["sampled"],
                               "credit": {k: v for k, v in chosen["credit"].items() if k != "measure"}},
-                    "selection_rule": "among the clue variants meeting all four requirements, the one whose sampled "
-                                      "success is nearest 6.5%; ties to the base pretrained for fewer steps, then the "
-                                      "higher temperature (written in long_horizon_pilot.py before the pilot ran)"},
+                    "selection_round": args.round,
+                    "selection_rule": "long_horizon_pilot.py's docstring, written before the round ran: among the "
+                                      "round's variants meeting every requirement, the one whose sampled success is "
+                                      "nearest 6.5%, ties in the round's order"
+                                      + ("; the sign-flip requirement may be met in 40 pilot training steps of a "
+                                         "credit arm (the amendment)" if args.round == "exact" else "")},
         "base": base,
         "arms": ARMS,
         "seeds": SEEDS,

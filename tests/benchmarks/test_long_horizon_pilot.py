@@ -62,3 +62,22 @@ def test_the_selection_rule_takes_the_qualified_variant_nearest_the_middle() -> 
     assert _chosen(turns, "turns") == "cluesL_h4_t6_temp05"  # both 1.5 points from the middle
     assert pilot.ROUNDS["turns"][0] == "cluesL_h4_t6_temp07" and set(pilot.ROUNDS["turns"]) <= set(pilot.VARIANTS)
     assert set(pilot.ROUNDS["clues"]) <= set(pilot.VARIANTS)
+
+
+def test_the_amended_rule_counts_flips_in_pilot_training() -> None:
+    rows = {name: {**row, "requirements": pilot.requirements(row)} for name, row in {
+        "exact_h4_t8": _row(0.08, 4.1, (0.0, 0.0)),  # 1.5 points from the middle, no flip in its pools
+        "exact_h4_t8_temp05": _row(0.055, 4.1, (0.0, 0.0)),  # 1.0 point: ranked first
+        "cluesL_h45_t10_temp04": _row(0.05, 3.9, (None, None)),  # too few calls: never a candidate
+    }.items()}
+    order = pilot.ROUNDS["exact"]
+    assert pilot.choose_with_training(rows, {}, order) == (None, ["exact_h4_t8_temp05"])  # train it first
+    none = {"trace_credit": {"credit_mixed_flip_share": [0.0, float("nan"), None]}}
+    some = {"trace_credit_k1": {"credit_mixed_flip_share": [0.0, 0.125]}}
+    assert pilot.training_flips(none) is False and pilot.training_flips(some) is True
+    assert pilot.training_flips({"grpo": {"step_seconds": [1.0]}}) is None
+    assert pilot.choose_with_training(rows, {"exact_h4_t8_temp05": some}, order) == ("exact_h4_t8_temp05", [])
+    assert pilot.choose_with_training(rows, {"exact_h4_t8_temp05": none}, order) == (None, ["exact_h4_t8"])
+    both = {"exact_h4_t8_temp05": none, "exact_h4_t8": {**none, **some}}
+    assert pilot.choose_with_training(rows, both, order) == ("exact_h4_t8", [])
+    assert pilot.choose_with_training(rows, {"exact_h4_t8_temp05": none, "exact_h4_t8": none}, order) == (None, [])
