@@ -261,9 +261,8 @@ class TraceAgentLoopManager:
         kept = mark_failed(result.trees, failed)
         if p.reference is not None:
             session.score(kept)  # leaves of the last top-up are not scored by the scheme
-        take_ref = getattr(p.verl_reference, "take_failed", None)
-        if callable(take_ref):  # a tree whose readiness request failed fails as a whole, as for generation
-            failed.update({t: why for t, why in take_ref().items() if t not in failed})
+        if p.verl_reference is not None:  # a tree whose readiness request failed fails as a whole, as for generation
+            failed.update({t: why for t, why in p.verl_reference.take_failed().items() if t not in failed})
             kept = mark_failed(result.trees, failed)
         if result.cost.rollouts != p.budget:
             raise RuntimeError(f"step {global_steps}: the scheme spent {result.cost.rollouts} rollouts "

@@ -104,7 +104,10 @@ class ReadinessScorer:
         self.reset()
 
     def reset(self) -> None:
-        """Zero the counters (the manager calls it when a step begins)."""
+        """Zero the counters and forget failed trees (the manager calls it when a step begins)."""
+        self.failed: dict[str, str] = {}
+        """Tree id -> the first line of why its readiness request failed (:meth:`take_failed`); only a
+        scorer that asks a server per tree fills it."""
         self.rows = 0
         """Distinct node rows scored."""
         self.readiness_tokens_forwarded = 0
@@ -135,10 +138,15 @@ class ReadinessScorer:
         out = self.score(model, requests, rows, slots, max_batch_tokens, stats) if rows else []
         self.rows += len(rows)
         self.readiness_tokens_full_prefix += sum(len(p) + len(a) for p, a in rows)
-        if self.check is not None and rows and not getattr(self, "failed", None):  # placeholders are not readiness
+        if self.check is not None and rows and not self.failed:  # placeholders are not readiness
             want = score_prefixes_batched(self.check, list(requests))
             gaps = [float((a - b).abs().max()) for a, b in zip(out, want, strict=True) if a.numel()]
             self.max_gap = max([self.max_gap, *gaps])
+        return out
+
+    def take_failed(self) -> dict[str, str]:
+        """The trees whose readiness failed since the last call (and forget them)."""
+        out, self.failed = self.failed, {}
         return out
 
 
@@ -212,18 +220,7 @@ class ServerReference(ReadinessScorer):
         self.timeout_s = timeout_s
         self.routes: dict[tuple[int, ...], str] = {}
         self.requests = 0
-        self.failed: dict[str, str] = {}
-        """Tree id -> the first line of why its readiness request failed (:meth:`take_failed`)."""
         self._loop: _Loop | None = None
-
-    def reset(self) -> None:
-        super().reset()
-        self.failed = {}  # a step begins: no tree failed yet
-
-    def take_failed(self) -> dict[str, str]:
-        """The trees whose readiness failed since the last call (and forget them)."""
-        out, self.failed = self.failed, {}
-        return out
 
     def connect(self, teacher_client: Mapping[str, Any] | None) -> None:
         """Use the :data:`SERVER_KEY` client of verl's ``teacher_client`` (the manager's argument)."""
