@@ -112,29 +112,35 @@ VARIANTS: dict[str, list[str]] = {
     "h45_t10_temp07": ["data.world.min_hops=4", "data.world.max_hops=5", "rollout.engine.max_turns=10",
                        "rollout.engine.temperature=0.7"],
 }
+"""Pilot settings on top of :data:`LONG_BASE` (the clue worlds' are added below)."""
+
+
+def _clue_variant(preset: str, max_hops: int, turns: int, temperature: str = "") -> list[str]:
+    """A clue-world variant: ``preset``'s base on questions of 4..``max_hops`` hops, ``turns`` turns,
+    rollout temperature ``0.<temperature>`` (empty: the default 1)."""
+    return ([f"model.tiny_preset={preset}", "data.world.clues=1", "data.world.min_hops=4",
+             f"data.world.max_hops={max_hops}", f"rollout.engine.max_turns={turns}"]
+            + ([f"rollout.engine.temperature=0.{temperature[1]}"] if temperature else []))
+
+
+def _suffix(temperature: str) -> str:
+    return f"_temp{temperature}" if temperature else ""
+
+
 # Four-hop questions on the clue world (each document ends by naming its two-hop entities, so the gold
 # is in context after the third search) on its two bases: ``bench_hops_clues`` and ``_longer`` (1.5x steps).
 for _preset, _tag in (("bench_hops_clues", "clues"), ("bench_hops_clues_longer", "cluesL")):
     for _temp in ("", "07", "05"):
-        VARIANTS[f"{_tag}_h4_t8" + (f"_temp{_temp}" if _temp else "")] = [
-            f"model.tiny_preset={_preset}", "data.world.clues=1", "data.world.min_hops=4", "data.world.max_hops=4",
-            "rollout.engine.max_turns=8"] + ([f"rollout.engine.temperature=0.{_temp[1]}"] if _temp else [])
+        VARIANTS[f"{_tag}_h4_t8{_suffix(_temp)}"] = _clue_variant(_preset, 4, 8, _temp)
 # Third round: the longer-pretrained clue base with no slack turn (5) or one (6).
 for _turns in (5, 6):
     for _temp in ("07", "05"):
-        VARIANTS[f"cluesL_h4_t{_turns}_temp{_temp}"] = [
-            "model.tiny_preset=bench_hops_clues_longer", "data.world.clues=1", "data.world.min_hops=4",
-            "data.world.max_hops=4", f"rollout.engine.max_turns={_turns}", f"rollout.engine.temperature=0.{_temp[1]}"]
+        VARIANTS[f"cluesL_h4_t{_turns}_temp{_temp}"] = _clue_variant("bench_hops_clues_longer", 4, _turns, _temp)
 # Fourth round: the exact-count base on four hops; the longer-pretrained base on four and five hops.
 for _temp in ("", "07", "05"):
-    VARIANTS["exact_h4_t8" + (f"_temp{_temp}" if _temp else "")] = [
-        "model.tiny_preset=bench_hops_clues_exact", "data.world.clues=1", "data.world.min_hops=4",
-        "data.world.max_hops=4", "rollout.engine.max_turns=8"] + ([f"rollout.engine.temperature=0.{_temp[1]}"] if _temp else [])
+    VARIANTS[f"exact_h4_t8{_suffix(_temp)}"] = _clue_variant("bench_hops_clues_exact", 4, 8, _temp)
 for _temp in ("05", "04"):
-    VARIANTS[f"cluesL_h45_t10_temp{_temp}"] = [
-        "model.tiny_preset=bench_hops_clues_longer", "data.world.clues=1", "data.world.min_hops=4",
-        "data.world.max_hops=5", "rollout.engine.max_turns=10", f"rollout.engine.temperature=0.{_temp[1]}"]
-"""Pilot settings on top of :data:`LONG_BASE`."""
+    VARIANTS[f"cluesL_h45_t10_temp{_temp}"] = _clue_variant("bench_hops_clues_longer", 5, 10, _temp)
 
 SAMPLED_RANGE = (0.03, 0.10)
 MIN_TOOL_CALLS = 4.0
@@ -258,11 +264,21 @@ def choose_variant(rows: dict[str, dict[str, Any]], candidates: list[str]) -> st
     """A round's selection rule (module docstring, written before the round ran): among ``candidates``
     measured in ``rows`` whose requirements all hold, the one whose sampled success is nearest the
     middle of the range; ties go to the earlier candidate. None: no candidate qualifies."""
+    qualified = _ranked(rows, candidates, tuple(REQUIREMENT_KEYS))
+    return qualified[0] if qualified else None
+
+
+REQUIREMENT_KEYS = ("sampled_in_range", "tool_calls_at_least_4", "sign_flips_in_mixed_groups", "greedy_not_saturated")
+"""The keys of :func:`requirements`."""
+
+
+def _ranked(rows: dict[str, dict[str, Any]], candidates: list[str], keys: tuple[str, ...]) -> list[str]:
+    """The ``candidates`` measured in ``rows`` whose requirements ``keys`` hold, nearest the middle of
+    the sampled range first; ties in ``candidates`` order."""
     middle = sum(SAMPLED_RANGE) / 2
-    qualified = [(round(abs(rows[name]["sampled"]["em"] - middle), 9), candidates.index(name), name)
-                 for name in candidates
-                 if name in rows and all(v is True for v in rows[name]["requirements"].values())]
-    return min(qualified)[-1] if qualified else None
+    return [name for _, _, name in sorted(
+        (round(abs(rows[n]["sampled"]["em"] - middle), 9), candidates.index(n), n) for n in candidates
+        if n in rows and all(rows[n]["requirements"][k] is True for k in keys))]
 
 
 def training_flips(cost: dict[str, Any] | None) -> bool | None:
@@ -278,11 +294,8 @@ def choose_with_training(rows: dict[str, dict[str, Any]], costs: dict[str, dict[
                          candidates: list[str]) -> tuple[str | None, list[str]]:
     """The fourth round's amended rule (module docstring): returns the chosen variant (or None) and
     the candidates that still need pilot training steps before the rule can decide (in order)."""
-    middle = sum(SAMPLED_RANGE) / 2
-    others = ("sampled_in_range", "tool_calls_at_least_4", "greedy_not_saturated")
-    ranked = sorted((round(abs(rows[n]["sampled"]["em"] - middle), 9), candidates.index(n), n) for n in candidates
-                    if n in rows and all(rows[n]["requirements"][k] is True for k in others))
-    for _, _, name in ranked:
+    others = tuple(k for k in REQUIREMENT_KEYS if k != "sign_flips_in_mixed_groups")
+    for name in _ranked(rows, candidates, others):
         if rows[name]["requirements"]["sign_flips_in_mixed_groups"] is True:
             return name, []
         trained = training_flips(costs.get(name))
