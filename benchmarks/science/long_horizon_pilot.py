@@ -53,6 +53,18 @@ requirements, nearest 6.5% first (ties in ``ROUNDS`` order); the first whose bas
 training steps show a flip is chosen; training steps are run only for candidates whose pools show
 none, in that order, until one qualifies.
 
+Fifth round (written on 2026-12-05 before it ran, and after an exploratory run outside every round's
+rule, ``long_horizon_pilot_lr3e4.json``: seed 0 at lr 3e-4, where neither credit arm fell to zero
+reward in 40 steps and ``trace_credit_k1`` flipped 6.2% of one step's mixed transitions). The
+candidate is the one variant whose base statistics met the other three requirements in the fourth
+round, ``cluesL_h45_t10_temp04`` (sampled 5.0% with 4.005 calls, greedy 4%: ``long_horizon_pilot_exact.json``).
+The flip requirement is tested afresh on seeds the exploratory run did not use: 40 pilot training
+steps at lr 3e-4 of ``trace_credit`` and ``trace_credit_k1`` on seeds 1 and 2
+(``long_horizon_pilot_round5.json``). It is met when any of these runs shows a flip; a run not yet
+started when one has is not started. If none shows a flip, no test is registered. A chosen setting
+is registered at the learning rate its pilot training used (:data:`TRAINED_ROUNDS`), 3e-4, as the
+look-alike test was.
+
 ``--step-cost N`` times ``N`` training steps of ``--methods`` (default GRPO and ``trace_credit``) per
 variant instead and adds them to the file's ``step_cost``: what a counted shard would cost.
 
@@ -166,15 +178,31 @@ def _args() -> argparse.Namespace:
     return p.parse_args()
 
 
+def cost_key(method: str, seed: int) -> str:
+    """The key of one arm's pilot training steps in a variant's ``step_cost`` entry (seed 0: the method)."""
+    return method if seed == 0 else f"{method}_seed{seed}"
+
+
+def record_cost(path: Path, name: str, key: str, entry: dict[str, Any]) -> None:
+    """Add one arm's steps to ``path``'s ``step_cost[name][key]``, re-reading the file first so that
+    processes timing other arms into the same file keep theirs."""
+    done = json.loads(path.read_text())
+    done.setdefault("step_cost", {}).setdefault(name, {})[key] = entry
+    write_json(path, done)
+
+
 def step_cost(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Seconds per training step of each of ``--methods`` in variant ``name`` (median of ``--step-cost``
-    steps from the base model), with the tokens each step generated."""
+    steps from the base model), with the tokens each step generated; each arm is added to ``--out``
+    as it ends (:func:`record_cost`, with its commit, seed and extra overrides)."""
     import statistics
 
+    from tracerl.testbed.provenance import git_state
     from tracerl.train.loop import Trainer
 
     out: dict[str, Any] = {}
     for method in args.methods:
+        load = list(os.getloadavg())
         overrides = RUN + LONG_BASE + VARIANTS[name] + list(args.overrides) + [f"seed={args.seed}",
                                                                              f"steps={args.step_cost}"]
         config = resolve(method, overrides + ["eval.every=0"], False)
@@ -188,6 +216,9 @@ def step_cost(name: str, args: argparse.Namespace) -> dict[str, Any]:
                        # (credit arms only; NaN in a step without a mixed group) and the training success
                        "credit_mixed_flip_share": [r.get("credit_mixed_flip_share") for r in records],
                        "reward_mean": [r.get("reward_mean") for r in records]}
+        record_cost(args.out, name, cost_key(method, args.seed),
+                    {"seed": args.seed, "overrides_added": list(args.overrides), "git": git_state(),
+                     "load_average_1_5_15": load, **out[method]})
         print(f"{name} {method}: {out[method]['step_seconds_median']:.2f} s/step", flush=True)
     return out
 
@@ -256,8 +287,13 @@ ROUNDS: dict[str, list[str]] = {
     "turns": [f"cluesL_h4_t{turns}_temp{temp}" for turns in (6, 5) for temp in ("07", "05")],
     "exact": ["exact_h4_t8", "exact_h4_t8_temp07", "exact_h4_t8_temp05", "cluesL_h45_t10_temp05",
               "cluesL_h45_t10_temp04"],
+    "lr3e4": ["cluesL_h45_t10_temp04"],
 }
 """The clue rounds' candidates, each in its selection rule's tie order (module docstring)."""
+
+TRAINED_ROUNDS: dict[str, str] = {"exact": "1e-3", "lr3e4": "3e-4"}
+"""The rounds whose flip requirement may be met in pilot training steps (:func:`choose_with_training`),
+with the learning rate those steps used: the rate a setting they choose is registered at."""
 
 
 def choose_variant(rows: dict[str, dict[str, Any]], candidates: list[str]) -> str | None:
@@ -344,17 +380,12 @@ def run_variant(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    from tracerl.testbed.provenance import git_state
-
     args = _args()
     configure_torch(args.threads)
     if args.step_cost:
-        done = json.loads(args.out.read_text())
-        costs = done.setdefault("step_cost", {})
         for name in args.variants:
-            # the file's own ``git`` is the commit its statistics came from; these steps may come later
-            costs[name] = {"load_average_1_5_15": list(os.getloadavg()), "git": git_state(), **step_cost(name, args)}
-            write_json(args.out, done)
+            # the file's own ``git`` is the commit its statistics came from; each arm records its own
+            step_cost(name, args)
         print(f"wrote {args.out}")
         return
     out: dict[str, Any] = {

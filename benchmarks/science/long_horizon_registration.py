@@ -51,11 +51,13 @@ spreads the power table assumes (none is from the long-horizon testbed, where no
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pilot", type=Path, default=RESULTS / "long_horizon_pilot_exact.json",
+    p.add_argument("--pilot", type=Path, default=RESULTS / "long_horizon_pilot_round5.json",
                    help="The pilot JSON holding the variant's statistics and step costs.")
-    p.add_argument("--round", choices=("clues", "turns", "exact"), default="exact", help="The pilot round whose rule chooses.")
+    p.add_argument("--round", choices=("clues", "turns", "exact", "lr3e4"), default="lr3e4",
+                   help="The pilot round whose rule chooses.")
     p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--lr", default="1e-3")
+    p.add_argument("--lr", help="Learning rate of every arm (default 1e-3; a round that trained its pilots: "
+                                "their rate, long_horizon_pilot.TRAINED_ROUNDS, and no other).")
     p.add_argument("--amend", metavar="TEXT", help="Append a dated amendment to the existing registration.")
     p.add_argument("--out", type=Path, default=OUT)
     return p.parse_args()
@@ -81,24 +83,36 @@ def power_table(n: int, arms: int) -> list[dict[str, Any]]:
     return rows
 
 
+def registered_lr(round_name: str, lr: str | None) -> str:
+    """Every arm's learning rate: a round that trained its pilots registers at their rate (a different
+    ``lr`` is refused); any other round at ``lr`` (default 1e-3)."""
+    import long_horizon_pilot as pilot
+
+    trained = pilot.TRAINED_ROUNDS.get(round_name)
+    if trained is not None and lr is not None and float(lr) != float(trained):
+        raise SystemExit(f"--lr {lr}: round {round_name}'s pilots trained at {trained}; its test is registered at that rate")
+    return trained or lr or "1e-3"
+
+
 def registration(args: argparse.Namespace) -> dict[str, Any]:
     import long_horizon_pilot as pilot
 
     data = json.loads(args.pilot.read_text())
     rows, costs = data["variants"], data.get("step_cost", {})
-    if args.round == "exact":
-        variant, pending = pilot.choose_with_training(rows, costs, pilot.ROUNDS["exact"])
+    lr = registered_lr(args.round, args.lr)
+    if args.round in pilot.TRAINED_ROUNDS:
+        variant, pending = pilot.choose_with_training(rows, costs, pilot.ROUNDS[args.round])
         if pending:
             raise SystemExit(f"{args.pilot}: the rule needs pilot training steps of {pending[0]} first "
                              f"(long_horizon_pilot.py --variants {pending[0]} --step-cost 40 --methods trace_credit "
-                             "trace_credit_k1)")
+                             f"trace_credit_k1 --set optim.lr={lr} --out {args.pilot})")
     else:
         variant = pilot.choose_variant(rows, pilot.ROUNDS[args.round])
     if variant is None:
         raise SystemExit(f"{args.pilot}: no variant of round {args.round} meets every requirement: no test is registered")
     chosen = rows[variant]
     setting = pilot.LONG_BASE + pilot.VARIANTS[variant]
-    config = resolve("grpo", setting + [f"optim.lr={args.lr}"], False)
+    config = resolve("grpo", setting + [f"optim.lr={lr}"], False)
     base = provenance_of(config)
     cost = costs.get(variant, {})
     return {
@@ -107,8 +121,8 @@ def registration(args: argparse.Namespace) -> dict[str, Any]:
         "question": "Where episodes need four tool calls and the gold is in context one search before the last, "
                     "does TRACE credit (paper's K and K = 1), learned roots without the tree, or the tree with "
                     "credit change held-out success against GRPO?",
-        "setting": {"variant": variant, "overrides": setting, "lr": args.lr, "steps": args.steps,
-                    "command": f"sample_efficiency.py --setting long --steps {args.steps} --set optim.lr={args.lr}",
+        "setting": {"variant": variant, "overrides": setting, "lr": lr, "steps": args.steps,
+                    "command": f"sample_efficiency.py --setting long --steps {args.steps} --set optim.lr={lr}",
                     "budget": "64 rollouts a step: 8 prompts x 8 for GRPO, from a pool of 16; every arm the same budget",
                     "pilot": {"file": str(args.pilot.relative_to(RESULTS.parent.parent)),
                               "greedy": chosen["greedy"], "sampled": chosen["sampled"],
@@ -117,8 +131,8 @@ def registration(args: argparse.Namespace) -> dict[str, Any]:
                     "selection_rule": "long_horizon_pilot.py's docstring, written before the round ran: among the "
                                       "round's variants meeting every requirement, the one whose sampled success is "
                                       "nearest 6.5%, ties in the round's order"
-                                      + ("; the sign-flip requirement may be met in 40 pilot training steps of a "
-                                         "credit arm (the amendment)" if args.round == "exact" else "")},
+                                      + (f"; the sign-flip requirement may be met in 40 pilot training steps of a "
+                                         f"credit arm at lr {lr}" if args.round in pilot.TRAINED_ROUNDS else "")},
         "base": base,
         "arms": ARMS,
         "seeds": SEEDS,

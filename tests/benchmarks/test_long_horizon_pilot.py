@@ -81,3 +81,30 @@ def test_the_amended_rule_counts_flips_in_pilot_training() -> None:
     both = {"exact_h4_t8_temp05": none, "exact_h4_t8": {**none, **some}}
     assert pilot.choose_with_training(rows, both, order) == ("exact_h4_t8", [])
     assert pilot.choose_with_training(rows, {"exact_h4_t8_temp05": none, "exact_h4_t8": none}, order) == (None, [])
+
+
+def test_the_fifth_round_trains_its_one_candidate_at_the_lower_rate(tmp_path: Path) -> None:
+    assert pilot.ROUNDS["lr3e4"] == ["cluesL_h45_t10_temp04"] and pilot.TRAINED_ROUNDS["lr3e4"] == "3e-4"
+    out = tmp_path / "round.json"
+    out.write_text('{"variants": {}, "step_cost": {"v": {"trace_credit": {"credit_mixed_flip_share": [0.0]}}}}')
+    # two processes add their arms to one file: each keeps the other's
+    pilot.record_cost(out, "v", pilot.cost_key("trace_credit", 1), {"credit_mixed_flip_share": [None, 0.0]})
+    pilot.record_cost(out, "v", pilot.cost_key("trace_credit_k1", 2), {"credit_mixed_flip_share": [0.25]})
+    import json
+
+    costs = json.loads(out.read_text())["step_cost"]["v"]
+    assert sorted(costs) == ["trace_credit", "trace_credit_k1_seed2", "trace_credit_seed1"]
+    assert pilot.training_flips(costs) is True
+    del costs["trace_credit_k1_seed2"]
+    assert pilot.training_flips(costs) is False
+
+
+def test_a_trained_round_registers_at_its_pilots_rate() -> None:
+    import long_horizon_registration as registration
+    import pytest
+
+    assert registration.registered_lr("lr3e4", None) == "3e-4"
+    assert registration.registered_lr("lr3e4", "0.0003") == "3e-4"
+    with pytest.raises(SystemExit, match="trained at 3e-4"):
+        registration.registered_lr("lr3e4", "1e-3")
+    assert registration.registered_lr("clues", None) == "1e-3" and registration.registered_lr("turns", "5e-4") == "5e-4"
