@@ -80,6 +80,19 @@ LOOKALIKE_SETTING: list[str] = [s for s in CREDIT_SETTING if not s.startswith(("
 """The credit testbed with look-alike distractor names (a search for the look-alike finds a
 document of the same shape without the gold), on a base model pretrained on that vocabulary."""
 
+LONG_SETTING: list[str] = [s for s in LOOKALIKE_SETTING if not s.startswith(
+    ("model.tiny_preset", "data.world.min_hops", "data.world.max_hops", "rollout.engine.max_turns"))] + [
+    "model.tiny_preset=bench_hops_clues_longer",  # shipped, pinned: pretrained on the clue world, 6,300 steps
+    "data.world.clues=1",  # each document ends by naming its two-hop entities
+    "data.world.min_hops=4",
+    "data.world.max_hops=5",  # four- and five-hop questions: four or five searches when solved
+    "rollout.engine.max_turns=10",  # five searches and an answer need 6 turns: four turns of slack
+    "rollout.engine.temperature=0.4",  # sampled success 5.0% at the base (1.0: under 1%)
+]
+"""The long-horizon testbed: the look-alike world with clue sentences, four- and five-hop questions,
+chosen by the pilot's fifth round (``science/long_horizon_pilot.py``, variant ``cluesL_h45_t10_temp04``:
+the look-alike setting's other knobs, then the variant's; ``long_horizon_pilot_round5.json``)."""
+
 
 def add_config_args(parser: argparse.ArgumentParser, *, hard: bool = True) -> None:
     """``--set``, ``--smoke``, ``--dev-model``, ``--hard``, ``--threads``, ``--work-dir``."""

@@ -63,7 +63,8 @@ steps at lr 3e-4 of ``trace_credit`` and ``trace_credit_k1`` on seeds 1 and 2
 (``long_horizon_pilot_round5.json``). It is met when any of these runs shows a flip; a run not yet
 started when one has is not started. If none shows a flip, no test is registered. A chosen setting
 is registered at the learning rate its pilot training used (:data:`TRAINED_ROUNDS`), 3e-4, as the
-look-alike test was.
+look-alike test was. Outcome: chosen. ``trace_credit_k1`` on seed 1 flipped 3.1% of one step's mixed
+transitions (K = 3: none), so the seed-2 runs were not started (``common.LONG_SETTING``).
 
 ``--step-cost N`` times ``N`` training steps of ``--methods`` (default GRPO and ``trace_credit``) per
 variant instead and adds them to the file's ``step_cost``: what a counted shard would cost.

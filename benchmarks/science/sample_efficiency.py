@@ -55,6 +55,7 @@ from common import (
     CREDIT_SETTING,
     LOOKALIKE_SETTING,
     LEARNABLE_SETTING,
+    LONG_SETTING,
     RESULTS,
     add_config_args,
     check_one_base_model,
@@ -98,6 +99,7 @@ SETTINGS: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "demo": (LEARNABLE_SETTING, SLOWER),
     "credit": (CREDIT_SETTING, ("eval.every=20",)),
     "lookalike": (LOOKALIKE_SETTING, ("eval.every=20",)),
+    "long": (LONG_SETTING, ("eval.every=20", "optim.lr=3e-4")),  # at 1e-3 the credit arms collapsed in pilot steps
 }
 """``--setting``: the named setting and the tail applied after it."""
 QUICK = ["rollout.budget=16", "rollout.pool_size=8", "rollout.schemes.group_size=4", "rollout.schemes.tree_initial=2",
@@ -121,7 +123,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--setting", choices=sorted(SETTINGS), default="bench",
                    help="bench: common.BENCH_SETTING (issue 13's testbed); demo: the demo's setting at lr 3e-4 "
                         "(the sweep of sample_efficiency.json before issue 13); credit: common.CREDIT_SETTING "
-                        "(2-3 hops, 8 turns); lookalike: common.LOOKALIKE_SETTING (credit with look-alike names).")
+                        "(2-3 hops, 8 turns); lookalike: common.LOOKALIKE_SETTING (credit with look-alike names); "
+                        "long: common.LONG_SETTING (4-5 hops on the clue world, lr 3e-4).")
     p.add_argument("--out", type=Path, default=RESULTS / "sample_efficiency.json")
     add_config_args(p)
     args = p.parse_args()

@@ -108,3 +108,15 @@ def test_a_trained_round_registers_at_its_pilots_rate() -> None:
     with pytest.raises(SystemExit, match="trained at 3e-4"):
         registration.registered_lr("lr3e4", "1e-3")
     assert registration.registered_lr("clues", None) == "1e-3" and registration.registered_lr("turns", "5e-4") == "5e-4"
+
+
+def test_the_long_setting_is_the_chosen_pilot_variant() -> None:
+    """``--setting long`` trains exactly the configuration the fifth round's pilots measured."""
+    from dataclasses import asdict
+
+    from common import LONG_SETTING, resolve
+
+    pilot_config = resolve("grpo", pilot.LONG_BASE + pilot.VARIANTS["cluesL_h45_t10_temp04"], False)
+    assert asdict(resolve("grpo", LONG_SETTING, False)) == asdict(pilot_config)
+    assert pilot_config.data.world.clues == 1 and pilot_config.model.tiny_preset == "bench_hops_clues_longer"
+    assert (pilot_config.data.world.min_hops, pilot_config.data.world.max_hops) == (4, 5)
