@@ -83,6 +83,12 @@ def power_table(n: int, arms: int) -> list[dict[str, Any]]:
     return rows
 
 
+def last_wins(overrides: list[str]) -> list[str]:
+    """``overrides`` with each key once, at its last value (the one a config resolves to), in first-seen order."""
+    last = {item.split("=", 1)[0]: item for item in overrides}  # a dict keeps each key's first position
+    return list(last.values())
+
+
 def registered_lr(round_name: str, lr: str | None) -> str:
     """Every arm's learning rate: a round that trained its pilots registers at their rate (a different
     ``lr`` is refused); any other round at ``lr`` (default 1e-3)."""
@@ -111,14 +117,14 @@ def registration(args: argparse.Namespace) -> dict[str, Any]:
     if variant is None:
         raise SystemExit(f"{args.pilot}: no variant of round {args.round} meets every requirement: no test is registered")
     chosen = rows[variant]
-    setting = pilot.LONG_BASE + pilot.VARIANTS[variant]
-    config = resolve("grpo", setting + [f"optim.lr={lr}"], False)
+    setting = last_wins(pilot.LONG_BASE + pilot.VARIANTS[variant] + [f"optim.lr={lr}"])
+    config = resolve("grpo", setting, False)
     base = provenance_of(config)
     cost = costs.get(variant, {})
     return {
         "registered": datetime.date.today().isoformat(),
         "status": "registered before any counted run; the analysis below is the one the verdict uses",
-        "question": "Where episodes need four tool calls and the gold is in context one search before the last, "
+        "question": "Where episodes need four or five tool calls and the gold is in context one search before the last, "
                     "does TRACE credit (paper's K and K = 1), learned roots without the tree, or the tree with "
                     "credit change held-out success against GRPO?",
         "setting": {"variant": variant, "overrides": setting, "lr": lr, "steps": args.steps,

@@ -120,3 +120,10 @@ def test_the_long_setting_is_the_chosen_pilot_variant() -> None:
     assert asdict(resolve("grpo", LONG_SETTING, False)) == asdict(pilot_config)
     assert pilot_config.data.world.clues == 1 and pilot_config.model.tiny_preset == "bench_hops_clues_longer"
     assert (pilot_config.data.world.min_hops, pilot_config.data.world.max_hops) == (4, 5)
+
+
+def test_the_registered_overrides_name_each_key_once_at_its_resolved_value() -> None:
+    import long_horizon_registration as registration
+
+    got = registration.last_wins(["a=1", "b=2", "a=3", "c=4", "optim.lr=1e-3", "optim.lr=3e-4"])
+    assert got == ["a=3", "b=2", "c=4", "optim.lr=3e-4"]
