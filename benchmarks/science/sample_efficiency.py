@@ -411,6 +411,10 @@ def main() -> None:
     else:
         configure_torch(args.threads)
         overrides = sweep_overrides(args)
+        # the base model, machine and commit as the runs start: the code they run is the code loaded now,
+        # whatever the checkout holds when they end
+        extra = {**machine(), "provenance": provenance_of(resolve("grpo", overrides, args.smoke))}
+        extra["git"] = extra["provenance"]["git"]
         runs = {m: [] for m in args.methods}
         base: dict[int, dict[str, float]] = {}
         for seed in args.seed_list:  # seed-major: a partial sweep still compares every method
@@ -424,7 +428,6 @@ def main() -> None:
                    "train_split": "training questions of the training worlds (seen)",
                    "redrawn_split": "training questions, facts re-drawn (data.redrawn_fact_seed)"}
         quick, seconds = args.quick, time.perf_counter() - clock
-        extra = {**machine(), "provenance": provenance_of(resolve("grpo", overrides, args.smoke))}
     summary = summarise(runs)
     result = {
         "methods": summary["methods"],
