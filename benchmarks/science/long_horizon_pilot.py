@@ -66,6 +66,18 @@ is registered at the learning rate its pilot training used (:data:`TRAINED_ROUND
 look-alike test was. Outcome: chosen. ``trace_credit_k1`` on seed 1 flipped 3.1% of one step's mixed
 transitions (K = 3: none), so the seed-2 runs were not started (``common.LONG_SETTING``).
 
+Sixth round (written on 2026-12-05 before it ran). The fifth round's setting was registered
+(``long_horizon_registration.json``: 150 steps at lr 3e-4), and its precondition failed: GRPO on
+seed 0 ended at the base model's sampled success (4.83% both). This round keeps the setting
+(``common.LONG_SETTING``) and looks for a training length and learning rate at which GRPO learns.
+The candidates, in order (:data:`TRAINING_CANDIDATES`): lr 1e-3 for 150 steps, lr 3e-4 for 300
+steps, lr 1e-3 for 300 steps. Each runs one pilot GRPO run on seed 100, outside the counted
+seeds, as the counted runs do: ``sample_efficiency.py --setting long --methods grpo --seed-list 100``,
+written to ``long_horizon_pilot_round6_lr<lr>_<steps>.json``. The rule (:func:`choose_training`):
+the first candidate whose GRPO run ends at least 2 points of sampled success above the base
+model's on the same questions (the registration's precondition) is chosen. Later candidates are
+not needed once one passes; if none passes, no test is registered. Only GRPO's numbers are read.
+
 ``--step-cost N`` times ``N`` training steps of ``--methods`` (default GRPO and ``trace_credit``) per
 variant instead and adds them to the file's ``step_cost``: what a counted shard would cost.
 
@@ -295,6 +307,35 @@ ROUNDS: dict[str, list[str]] = {
 TRAINED_ROUNDS: dict[str, str] = {"exact": "1e-3", "lr3e4": "3e-4"}
 """The rounds whose flip requirement may be met in pilot training steps (:func:`choose_with_training`),
 with the learning rate those steps used: the rate a setting they choose is registered at."""
+
+
+TRAINING_CANDIDATES: list[tuple[str, int]] = [("1e-3", 150), ("3e-4", 300), ("1e-3", 300)]
+"""The sixth round's (learning rate, steps) candidates, in its rule's order (module docstring)."""
+
+LEARNS_BY = 0.02
+"""GRPO learns when its final sampled success is at least the base model's plus this (the registration's precondition)."""
+
+
+def training_file(lr: str, steps: int) -> str:
+    """The sixth round's pilot GRPO file of one candidate (under ``benchmarks/results``)."""
+    return f"long_horizon_pilot_round6_lr{lr}_{steps}.json"
+
+
+def grpo_gain(sweep: dict[str, Any]) -> float:
+    """A one-run GRPO sweep's final sampled success minus the base model's on the same questions (all hops)."""
+    (run,) = sweep["runs"]["grpo"]
+    return float(run["sampled"]["all"]) - float(run["sampled_base"]["all"])
+
+
+def choose_training(sweeps: dict[tuple[str, int], dict[str, Any]]) -> tuple[tuple[str, int] | None, list[tuple[str, int]]]:
+    """The sixth round's rule: the first of :data:`TRAINING_CANDIDATES` whose GRPO run in ``sweeps`` gains at
+    least :data:`LEARNS_BY`; returns it (or None) and the candidates still to run before the rule can decide."""
+    for candidate in TRAINING_CANDIDATES:
+        if candidate not in sweeps:
+            return None, [candidate]
+        if grpo_gain(sweeps[candidate]) >= LEARNS_BY - 1e-9:
+            return candidate, []
+    return None, []
 
 
 def choose_variant(rows: dict[str, dict[str, Any]], candidates: list[str]) -> str | None:

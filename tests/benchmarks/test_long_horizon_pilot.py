@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+
+import pytest
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "science"))
@@ -127,3 +129,20 @@ def test_the_registered_overrides_name_each_key_once_at_its_resolved_value() -> 
 
     got = registration.last_wins(["a=1", "b=2", "a=3", "c=4", "optim.lr=1e-3", "optim.lr=3e-4"])
     assert got == ["a=3", "b=2", "c=4", "optim.lr=3e-4"]
+
+
+def _grpo_sweep(final: float, base: float) -> dict:
+    return {"runs": {"grpo": [{"sampled": {"all": final}, "sampled_base": {"all": base}}]}}
+
+
+def test_the_sixth_round_takes_the_first_candidate_where_grpo_learns() -> None:
+    first, second, third = pilot.TRAINING_CANDIDATES
+    assert first == ("1e-3", 150) and pilot.training_file(*first) == "long_horizon_pilot_round6_lr1e-3_150.json"
+    assert pilot.choose_training({}) == (None, [first])
+    flat, learns = _grpo_sweep(0.0483, 0.0483), _grpo_sweep(0.0700, 0.0500)  # +0.0 and exactly +2 points
+    assert pilot.grpo_gain(learns) == pytest.approx(0.02)
+    assert pilot.choose_training({first: learns}) == (first, [])
+    assert pilot.choose_training({first: flat}) == (None, [second])
+    assert pilot.choose_training({first: flat, second: flat, third: learns}) == (third, [])
+    assert pilot.choose_training({first: flat, second: learns, third: flat}) == (second, [])
+    assert pilot.choose_training({first: flat, second: flat, third: _grpo_sweep(0.069, 0.05)}) == (None, [])
