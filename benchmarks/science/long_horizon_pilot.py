@@ -78,6 +78,19 @@ the first candidate whose GRPO run ends at least 2 points of sampled success abo
 model's on the same questions (the registration's precondition) is chosen. Later candidates are
 not needed once one passes; if none passes, no test is registered. Only GRPO's numbers are read.
 
+Seventh round (written on 2026-12-05 before it ran, after the sixth round's first two candidates had
+shown GRPO gains of -0.3 and +0.4 points and while the third ran; it applies only if the sixth round
+chooses nothing). The papers' claim is that dense turn rewards and learned allocation help where
+outcome rewards are sparse, which is where GRPO stalls; a precondition that GRPO learns would rule
+that regime out. So this round asks instead whether anything learns here: pilot runs on seed 100 at
+the first registration's training (lr 3e-4, 150 steps, ``--setting long``) of the other arms, in
+order ``trace_alloc_notree``, ``trace_credit_k1``, ``trace_credit``, ``trace``
+(:data:`LEARNING_ARMS`), two at a time, written to ``long_horizon_pilot_round7_<arm>.json``. The
+rule (:func:`choose_learning_arm`): the setting is registered at that training when any of them
+ends at least 2 points of sampled success above the base model's on the same questions; arms not
+yet started when one has are not started. The registration then has no GRPO precondition; seed 0
+is read only with the other seeds. If none gains 2 points, no test is registered.
+
 ``--step-cost N`` times ``N`` training steps of ``--methods`` (default GRPO and ``trace_credit``) per
 variant instead and adds them to the file's ``step_cost``: what a counted shard would cost.
 
@@ -323,8 +336,7 @@ def training_file(lr: str, steps: int) -> str:
 
 def grpo_gain(sweep: dict[str, Any]) -> float:
     """A one-run GRPO sweep's final sampled success minus the base model's on the same questions (all hops)."""
-    (run,) = sweep["runs"]["grpo"]
-    return float(run["sampled"]["all"]) - float(run["sampled_base"]["all"])
+    return arm_gain(sweep, "grpo")
 
 
 def choose_training(sweeps: dict[tuple[str, int], dict[str, Any]]) -> tuple[tuple[str, int] | None, list[tuple[str, int]]]:
@@ -336,6 +348,30 @@ def choose_training(sweeps: dict[tuple[str, int], dict[str, Any]]) -> tuple[tupl
         if grpo_gain(sweeps[candidate]) >= LEARNS_BY - 1e-9:
             return candidate, []
     return None, []
+
+
+LEARNING_ARMS = ("trace_alloc_notree", "trace_credit_k1", "trace_credit", "trace")
+"""The seventh round's pilot arms, in its rule's order (module docstring)."""
+
+
+def learning_file(arm: str) -> str:
+    """The seventh round's pilot file of one arm (under ``benchmarks/results``)."""
+    return f"long_horizon_pilot_round7_{arm}.json"
+
+
+def arm_gain(sweep: dict[str, Any], arm: str) -> float:
+    """A one-run sweep's final sampled success of ``arm`` minus the base model's on the same questions (all hops)."""
+    (run,) = sweep["runs"][arm]
+    return float(run["sampled"]["all"]) - float(run["sampled_base"]["all"])
+
+
+def choose_learning_arm(sweeps: dict[str, dict[str, Any]]) -> tuple[str | None, list[str]]:
+    """The seventh round's rule: the first arm of :data:`LEARNING_ARMS` in ``sweeps`` that gains at least
+    :data:`LEARNS_BY` (or None), and the arms still to run before the rule can decide (none once one passes)."""
+    for arm in LEARNING_ARMS:
+        if arm in sweeps and arm_gain(sweeps[arm], arm) >= LEARNS_BY - 1e-9:
+            return arm, []
+    return None, [arm for arm in LEARNING_ARMS if arm not in sweeps]
 
 
 def choose_variant(rows: dict[str, dict[str, Any]], candidates: list[str]) -> str | None:

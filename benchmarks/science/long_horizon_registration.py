@@ -8,6 +8,8 @@ a change after that is an amendment, appended with ``--amend TEXT`` (dated, neve
 
     python benchmarks/science/long_horizon_registration.py --steps 150
     python benchmarks/science/long_horizon_registration.py --amend "..."   # dated, appended
+    python benchmarks/science/long_horizon_registration.py --training --name long_horizon_r2 \
+        --out benchmarks/results/long_horizon_registration_2.json   # after the sixth round
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--lr", help="Learning rate of every arm (default 1e-3; a round that trained its pilots: "
                                 "their rate, long_horizon_pilot.TRAINED_ROUNDS, and no other).")
+    p.add_argument("--training", action="store_true",
+                   help="Take the learning rate and steps from the sixth round's pilot GRPO runs (replaces --lr, --steps).")
+    p.add_argument("--name", default="long_horizon", help="The shards' file prefix (results/<name>_shard_<arm>_s<seed>.json).")
     p.add_argument("--amend", metavar="TEXT", help="Append a dated amendment to the existing registration.")
     p.add_argument("--out", type=Path, default=OUT)
     return p.parse_args()
@@ -117,6 +122,23 @@ def registration(args: argparse.Namespace) -> dict[str, Any]:
     if variant is None:
         raise SystemExit(f"{args.pilot}: no variant of round {args.round} meets every requirement: no test is registered")
     chosen = rows[variant]
+    steps, training, flip_lr = args.steps, None, lr
+    if args.training:  # the sixth round: GRPO's learning rate and length, chosen by pilot GRPO runs
+        sweeps = {c: json.loads((RESULTS / pilot.training_file(*c)).read_text()) for c in pilot.TRAINING_CANDIDATES
+                  if (RESULTS / pilot.training_file(*c)).exists()}
+        picked, todo = pilot.choose_training(sweeps)
+        if todo:
+            lr_, steps_ = todo[0]
+            raise SystemExit(f"the sixth round needs its pilot GRPO run at lr {lr_} for {steps_} steps first "
+                             f"(sample_efficiency.py --setting long --methods grpo --seed-list 100 --steps {steps_} "
+                             f"--set optim.lr={lr_} --out benchmarks/results/{pilot.training_file(lr_, steps_)})")
+        if picked is None:
+            raise SystemExit("no candidate of the sixth round made GRPO learn: no test is registered")
+        lr, steps = picked
+        training = {"rule": "long_horizon_pilot.choose_training (sixth round, written before it ran)",
+                    "runs": {pilot.training_file(*c): {"lr": c[0], "steps": c[1],
+                                                       "grpo_sampled_gain_points": round(100 * pilot.grpo_gain(sw), 2),
+                                                       "git": sw.get("git")} for c, sw in sweeps.items()}}
     setting = last_wins(pilot.LONG_BASE + pilot.VARIANTS[variant] + [f"optim.lr={lr}"])
     config = resolve("grpo", setting, False)
     base = provenance_of(config)
@@ -127,8 +149,8 @@ def registration(args: argparse.Namespace) -> dict[str, Any]:
         "question": "Where episodes need four or five tool calls and the gold is in context one search before the last, "
                     "does TRACE credit (paper's K and K = 1), learned roots without the tree, or the tree with "
                     "credit change held-out success against GRPO?",
-        "setting": {"variant": variant, "overrides": setting, "lr": lr, "steps": args.steps,
-                    "command": f"sample_efficiency.py --setting long --steps {args.steps} --set optim.lr={lr}",
+        "setting": {"variant": variant, "overrides": setting, "lr": lr, "steps": steps,
+                    "command": f"sample_efficiency.py --setting long --steps {steps} --set optim.lr={lr}",
                     "budget": "64 rollouts a step: 8 prompts x 8 for GRPO, from a pool of 16; every arm the same budget",
                     "pilot": {"file": str(args.pilot.relative_to(RESULTS.parent.parent)),
                               "greedy": chosen["greedy"], "sampled": chosen["sampled"],
@@ -138,11 +160,12 @@ def registration(args: argparse.Namespace) -> dict[str, Any]:
                                       "round's variants meeting every requirement, the one whose sampled success is "
                                       "nearest 6.5%, ties in the round's order"
                                       + (f"; the sign-flip requirement may be met in 40 pilot training steps of a "
-                                         f"credit arm at lr {lr}" if args.round in pilot.TRAINED_ROUNDS else "")},
+                                         f"credit arm at lr {flip_lr}" if args.round in pilot.TRAINED_ROUNDS else ""),
+                    **({"training": training} if training else {})},
         "base": base,
         "arms": ARMS,
         "seeds": SEEDS,
-        "shards": "one arm of one seed per shard (results/long_horizon_shard_<arm>_s<seed>.json); a crashed run is "
+        "shards": f"one arm of one seed per shard (results/{args.name}_shard_<arm>_s<seed>.json); a crashed run is "
                   "re-run on its seed; no seed is dropped",
         "precondition": "GRPO must learn: on seed 0 its final sampled success (all questions) is at least the base "
                         "model's plus 2 points on the same questions; if not, the test is not run as written and a new "

@@ -146,3 +146,17 @@ def test_the_sixth_round_takes_the_first_candidate_where_grpo_learns() -> None:
     assert pilot.choose_training({first: flat, second: flat, third: learns}) == (third, [])
     assert pilot.choose_training({first: flat, second: learns, third: flat}) == (second, [])
     assert pilot.choose_training({first: flat, second: flat, third: _grpo_sweep(0.069, 0.05)}) == (None, [])
+
+
+def test_the_seventh_round_registers_when_any_other_arm_learns() -> None:
+    def sweep(arm: str, final: float, base: float = 0.05) -> dict:
+        return {"runs": {arm: [{"sampled": {"all": final}, "sampled_base": {"all": base}}]}}
+
+    assert pilot.LEARNING_ARMS[0] == "trace_alloc_notree" and pilot.learning_file("trace") == "long_horizon_pilot_round7_trace.json"
+    assert pilot.choose_learning_arm({}) == (None, list(pilot.LEARNING_ARMS))
+    flat = {"trace_alloc_notree": sweep("trace_alloc_notree", 0.06)}  # +1 point
+    assert pilot.choose_learning_arm(flat) == (None, ["trace_credit_k1", "trace_credit", "trace"])
+    # a later arm that learns decides, even before the ones between have run
+    assert pilot.choose_learning_arm({**flat, "trace_credit": sweep("trace_credit", 0.07)}) == ("trace_credit", [])
+    every = {arm: sweep(arm, 0.069) for arm in pilot.LEARNING_ARMS}
+    assert pilot.choose_learning_arm(every) == (None, [])
