@@ -62,6 +62,8 @@ def _args() -> argparse.Namespace:
                                 "their rate, long_horizon_pilot.TRAINED_ROUNDS, and no other).")
     p.add_argument("--training", action="store_true",
                    help="Take the learning rate and steps from the sixth round's pilot GRPO runs (replaces --lr, --steps).")
+    p.add_argument("--learning", action="store_true",
+                   help="The seventh round: register at --lr/--steps when a pilot arm learned there; no GRPO precondition.")
     p.add_argument("--name", default="long_horizon", help="The shards' file prefix (results/<name>_shard_<arm>_s<seed>.json).")
     p.add_argument("--amend", metavar="TEXT", help="Append a dated amendment to the existing registration.")
     p.add_argument("--out", type=Path, default=OUT)
@@ -139,6 +141,21 @@ def registration(args: argparse.Namespace) -> dict[str, Any]:
                     "runs": {pilot.training_file(*c): {"lr": c[0], "steps": c[1],
                                                        "grpo_sampled_gain_points": round(100 * pilot.grpo_gain(sw), 2),
                                                        "git": sw.get("git")} for c, sw in sweeps.items()}}
+    learning = None
+    if args.learning:  # the seventh round: any arm learning in a seed-100 pilot at this training
+        sweeps7 = {arm: json.loads((RESULTS / pilot.learning_file(arm)).read_text()) for arm in pilot.LEARNING_ARMS
+                   if (RESULTS / pilot.learning_file(arm)).exists()}
+        arm, todo7 = pilot.choose_learning_arm(sweeps7)
+        if arm is None and todo7:
+            raise SystemExit(f"the seventh round needs its pilot run of {todo7[0]} first (sample_efficiency.py "
+                             f"--setting long --methods {todo7[0]} --seed-list 100 --steps {steps} "
+                             f"--set optim.lr={lr} --out benchmarks/results/{pilot.learning_file(todo7[0])})")
+        if arm is None:
+            raise SystemExit("no arm of the seventh round learned: no test is registered")
+        learning = {"rule": "long_horizon_pilot.choose_learning_arm (seventh round, written before it ran)",
+                    "learned": arm,
+                    "runs": {pilot.learning_file(a): {"sampled_gain_points": round(100 * pilot.arm_gain(sw, a), 2),
+                                                      "git": sw.get("git")} for a, sw in sweeps7.items()}}
     setting = last_wins(pilot.LONG_BASE + pilot.VARIANTS[variant] + [f"optim.lr={lr}"])
     config = resolve("grpo", setting, False)
     base = provenance_of(config)
@@ -161,15 +178,19 @@ def registration(args: argparse.Namespace) -> dict[str, Any]:
                                       "nearest 6.5%, ties in the round's order"
                                       + (f"; the sign-flip requirement may be met in 40 pilot training steps of a "
                                          f"credit arm at lr {flip_lr}" if args.round in pilot.TRAINED_ROUNDS else ""),
-                    **({"training": training} if training else {})},
+                    **({"training": training} if training else {}),
+                    **({"learning": learning} if learning else {})},
         "base": base,
         "arms": ARMS,
         "seeds": SEEDS,
         "shards": f"one arm of one seed per shard (results/{args.name}_shard_<arm>_s<seed>.json); a crashed run is "
                   "re-run on its seed; no seed is dropped",
-        "precondition": "GRPO must learn: on seed 0 its final sampled success (all questions) is at least the base "
-                        "model's plus 2 points on the same questions; if not, the test is not run as written and a new "
-                        "registration follows",
+        "precondition": ("none: the pilots found no training at which GRPO learns here, and the test asks whether "
+                         "another arm moves success where GRPO barely does (seventh pilot round); seed 0 is read only "
+                         "with the other seeds" if learning else
+                         "GRPO must learn: on seed 0 its final sampled success (all questions) is at least the base "
+                         "model's plus 2 points on the same questions; if not, the test is not run as written and a "
+                         "new registration follows"),
         "endpoints": {"primary": "held-out sampled success after the last step: 300 unseen-world questions x 4 samples "
                                  "at the rollout temperature; per seed, arm minus GRPO",
                       "secondary": "held-out greedy success after the last step (200 unseen-world questions), the "
