@@ -226,6 +226,12 @@ PRESETS: dict[str, TinyModelConfig] = {
     "bench_hops_clues_longer": TinyModelConfig(world=replace(BENCH_WORLD, distractors=1, clues=1), num_worlds=200,
                                                steps=6300, warmup_steps=100, seq_len=768,
                                                explorer=replace(DEFAULT_EXPLORER, hop_aware=0.85)),
+    # ``_longer`` pretrained twice as long: 4,200 -> 6,300 steps took four-hop greedy success from 2% to 8%
+    # and sampled (temperature 0.5) from 1.5% to 5%, and nothing learned on ``_longer`` in 150-300 RL steps
+    # (sampled success there is no lower than greedy: no sharpening to be had). Not shipped.
+    "bench_hops_clues_2x": TinyModelConfig(world=replace(BENCH_WORLD, distractors=1, clues=1), num_worlds=200,
+                                           steps=12600, warmup_steps=100, seq_len=768,
+                                           explorer=replace(DEFAULT_EXPLORER, hop_aware=0.85)),
     # ``_longer`` with an explorer that always searches once per hop (sampled four-hop episodes of
     # ``_longer`` averaged 3.98 valid calls: some answer early).
     "bench_hops_clues_exact": TinyModelConfig(world=replace(BENCH_WORLD, distractors=1, clues=1), num_worlds=200,
