@@ -91,6 +91,17 @@ ends at least 2 points of sampled success above the base model's on the same que
 yet started when one has are not started. The registration then has no GRPO precondition; seed 0
 is read only with the other seeds. If none gains 2 points, no test is registered.
 
+Eighth round (written on 2026-12-05 before it ran, while the seventh round's last arm ran). On the
+clue base pretrained twice as long (``bench_hops_clues_2x``), four- and five-hop questions, 10 turns,
+at temperature 1, 0.7, 0.5 or 0.4 (``clues2x_h45_t10*``, :data:`ROUNDS` ``"clues2x"``). A setting is
+chosen when it meets, in this order: the three base requirements (sampled success 3-10%, mean tool
+calls >= 4, greedy not saturated) on the pilot's base statistics; GRPO learns (a pilot run on seed
+100, lr 3e-4, 150 steps, ``sample_efficiency.py``: final sampled success at least the base model's
+plus 2 points); and a sign flip shows in its base pools or in 40 pilot training steps of
+``trace_credit`` or ``trace_credit_k1`` at lr 3e-4 on seed 1. Candidates are tried nearest 6.5%
+sampled success first (ties: the higher temperature, which leaves more to sharpen); the first that
+meets all is chosen, and later ones are not run. If none does, no test is registered.
+
 ``--step-cost N`` times ``N`` training steps of ``--methods`` (default GRPO and ``trace_credit``) per
 variant instead and adds them to the file's ``step_cost``: what a counted shard would cost.
 
@@ -179,6 +190,10 @@ for _temp in ("", "07", "05"):
     VARIANTS[f"exact_h4_t8{_suffix(_temp)}"] = _clue_variant("bench_hops_clues_exact", 4, 8, _temp)
 for _temp in ("05", "04"):
     VARIANTS[f"cluesL_h45_t10_temp{_temp}"] = _clue_variant("bench_hops_clues_longer", 5, 10, _temp)
+
+# Eighth round: the base pretrained twice as long, four and five hops.
+for _temp in ("", "07", "05", "04"):
+    VARIANTS[f"clues2x_h45_t10{_suffix(_temp)}"] = _clue_variant("bench_hops_clues_2x", 5, 10, _temp)
 
 SAMPLED_RANGE = (0.03, 0.10)
 MIN_TOOL_CALLS = 4.0
@@ -314,6 +329,7 @@ ROUNDS: dict[str, list[str]] = {
     "exact": ["exact_h4_t8", "exact_h4_t8_temp07", "exact_h4_t8_temp05", "cluesL_h45_t10_temp05",
               "cluesL_h45_t10_temp04"],
     "lr3e4": ["cluesL_h45_t10_temp04"],
+    "clues2x": ["clues2x_h45_t10", "clues2x_h45_t10_temp07", "clues2x_h45_t10_temp05", "clues2x_h45_t10_temp04"],
 }
 """The clue rounds' candidates, each in its selection rule's tie order (module docstring)."""
 

@@ -160,3 +160,11 @@ def test_the_seventh_round_registers_when_any_other_arm_learns() -> None:
     assert pilot.choose_learning_arm({**flat, "trace_credit": sweep("trace_credit", 0.07)}) == ("trace_credit", [])
     every = {arm: sweep(arm, 0.069) for arm in pilot.LEARNING_ARMS}
     assert pilot.choose_learning_arm(every) == (None, [])
+
+
+def test_the_eighth_round_tries_the_longer_pretrained_base_from_the_highest_temperature() -> None:
+    names = pilot.ROUNDS["clues2x"]
+    assert names[0] == "clues2x_h45_t10" and set(names) <= set(pilot.VARIANTS)
+    assert "model.tiny_preset=bench_hops_clues_2x" in pilot.VARIANTS[names[1]]
+    assert "rollout.engine.temperature=0.7" in pilot.VARIANTS[names[1]]
+    assert not any(s.startswith("rollout.engine.temperature") for s in pilot.VARIANTS[names[0]])
