@@ -105,8 +105,9 @@ meets all is chosen, and later ones are not run. If none does, no test is regist
 ``--step-cost N`` times ``N`` training steps of ``--methods`` (default GRPO and ``trace_credit``) per
 variant instead and adds them to the file's ``step_cost``: what a counted shard would cost.
 
-    TRACERL_THREADS=1 python benchmarks/science/long_horizon_pilot.py --greedy 100 --sampled 100 --pools 3
-    # 6 variants: 3-6 min of one core each (``seconds`` in the JSON)
+    TRACERL_THREADS=1 python benchmarks/science/long_horizon_pilot.py --variants clues2x_h45_t10 clues2x_h45_t10_temp07 \
+        --greedy 100 --sampled 100 --pools 3 --out benchmarks/results/long_horizon_pilot_clues2x.json   # a new file
+    # 1-6 min of one core a variant (``seconds`` in the JSON)
     python benchmarks/science/long_horizon_pilot.py --variants h4_t8_temp07 --step-cost 5   # step times, ~5 min
     python benchmarks/science/long_horizon_pilot.py --variants h4_t8 --greedy 20 --sampled 10 --pools 1 \
         --out /tmp/check.json   # a check
@@ -216,7 +217,12 @@ def _args() -> argparse.Namespace:
                         "and add them to --out's step_cost (what a counted shard would cost).")
     p.add_argument("--methods", nargs="+", default=["grpo", "trace_credit"], help="Presets --step-cost times.")
     p.add_argument("--out", type=Path, default=RESULTS / "long_horizon_pilot.json")
-    return p.parse_args()
+    p.add_argument("--overwrite", action="store_true", help="Replace an existing --out (statistics mode).")
+    args = p.parse_args()
+    if not args.step_cost and args.out.exists() and not args.overwrite:
+        p.error(f"--out {args.out} exists: a pilot round's file is not replaced (--overwrite to replace it, "
+                "or a new file)")
+    return args
 
 
 def cost_key(method: str, seed: int) -> str:
@@ -333,7 +339,7 @@ ROUNDS: dict[str, list[str]] = {
 }
 """The clue rounds' candidates, each in its selection rule's tie order (module docstring)."""
 
-TRAINED_ROUNDS: dict[str, str] = {"exact": "1e-3", "lr3e4": "3e-4"}
+TRAINED_ROUNDS: dict[str, str] = {"exact": "1e-3", "lr3e4": "3e-4", "clues2x": "3e-4"}
 """The rounds whose flip requirement may be met in pilot training steps (:func:`choose_with_training`),
 with the learning rate those steps used: the rate a setting they choose is registered at."""
 
@@ -388,6 +394,42 @@ def choose_learning_arm(sweeps: dict[str, dict[str, Any]]) -> tuple[str | None, 
         if arm in sweeps and arm_gain(sweeps[arm], arm) >= LEARNS_BY - 1e-9:
             return arm, []
     return None, [arm for arm in LEARNING_ARMS if arm not in sweeps]
+
+
+def grpo_pilot_file(name: str) -> str:
+    """The eighth round's pilot GRPO file of variant ``name`` (under ``benchmarks/results``)."""
+    return f"long_horizon_pilot_round8_grpo_{name}.json"
+
+
+def sweep_sets(name: str) -> list[str]:
+    """The ``--set`` overrides that turn ``sample_efficiency.py --setting long`` into variant ``name``
+    (its own knobs; temperature 1 where the variant leaves the default, which ``--setting long`` lowers)."""
+    knobs = VARIANTS[name]
+    return knobs + ([] if any(k.startswith("rollout.engine.temperature=") for k in knobs)
+                    else ["rollout.engine.temperature=1.0"])
+
+
+def choose_with_grpo(rows: dict[str, dict[str, Any]], costs: dict[str, dict[str, Any]],
+                     grpo: dict[str, dict[str, Any]], candidates: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
+    """The eighth round's rule (module docstring): the candidates meeting the three base requirements,
+    nearest 6.5% sampled success first (ties in ``candidates`` order); the first whose pilot GRPO run
+    (``grpo[name]``) learns and whose pools or pilot training steps (``costs[name]``) show a flip.
+    Returns it (or None) and what must run next before the rule can decide: ``("grpo", name)`` or
+    ``("flips", name)``."""
+    base_keys = tuple(k for k in REQUIREMENT_KEYS if k != "sign_flips_in_mixed_groups")
+    for name in _ranked(rows, candidates, base_keys):
+        if name not in grpo:
+            return None, [("grpo", name)]
+        if grpo_gain(grpo[name]) < LEARNS_BY - 1e-9:
+            continue
+        if rows[name]["requirements"]["sign_flips_in_mixed_groups"] is True:
+            return name, []
+        trained = training_flips(costs.get(name))
+        if trained is None:
+            return None, [("flips", name)]
+        if trained:
+            return name, []
+    return None, []
 
 
 def choose_variant(rows: dict[str, dict[str, Any]], candidates: list[str]) -> str | None:

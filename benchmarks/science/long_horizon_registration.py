@@ -55,7 +55,7 @@ def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pilot", type=Path, default=RESULTS / "long_horizon_pilot_round5.json",
                    help="The pilot JSON holding the variant's statistics and step costs.")
-    p.add_argument("--round", choices=("clues", "turns", "exact", "lr3e4"), default="lr3e4",
+    p.add_argument("--round", choices=("clues", "turns", "exact", "lr3e4", "clues2x"), default="lr3e4",
                    help="The pilot round whose rule chooses.")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--lr", help="Learning rate of every arm (default 1e-3; a round that trained its pilots: "
@@ -113,7 +113,24 @@ def registration(args: argparse.Namespace) -> dict[str, Any]:
     data = json.loads(args.pilot.read_text())
     rows, costs = data["variants"], data.get("step_cost", {})
     lr = registered_lr(args.round, args.lr)
-    if args.round in pilot.TRAINED_ROUNDS:
+    unmeasured = [name for name in pilot.ROUNDS[args.round] if name not in rows]
+    if unmeasured:
+        raise SystemExit(f"{args.pilot}: no base statistics of {', '.join(unmeasured)} (round {args.round}) yet: "
+                         f"long_horizon_pilot.py --variants {' '.join(unmeasured)} "
+                         f"--out benchmarks/results/long_horizon_pilot_{args.round}.json, then --pilot that file")
+    if args.round == "clues2x":  # the eighth round: base rates, then a pilot GRPO run that learns, then a flip
+        grpo = {name: json.loads((RESULTS / pilot.grpo_pilot_file(name)).read_text()) for name in pilot.ROUNDS["clues2x"]
+                if (RESULTS / pilot.grpo_pilot_file(name)).exists()}
+        variant, todo = pilot.choose_with_grpo(rows, costs, grpo, pilot.ROUNDS["clues2x"])
+        if todo:
+            kind, name = todo[0]
+            sets = " ".join(f"--set {k}" for k in pilot.sweep_sets(name))
+            raise SystemExit(f"the eighth round needs {kind} of {name} first: " + (
+                f"sample_efficiency.py --setting long --steps 150 --methods grpo --seed-list 100 {sets} "
+                f"--out benchmarks/results/{pilot.grpo_pilot_file(name)}" if kind == "grpo" else
+                f"long_horizon_pilot.py --variants {name} --step-cost 40 --methods trace_credit trace_credit_k1 "
+                f"--seed 1 --set optim.lr={lr} --out {args.pilot}"))
+    elif args.round in pilot.TRAINED_ROUNDS:
         variant, pending = pilot.choose_with_training(rows, costs, pilot.ROUNDS[args.round])
         if pending:
             raise SystemExit(f"{args.pilot}: the rule needs pilot training steps of {pending[0]} first "
@@ -167,7 +184,8 @@ def registration(args: argparse.Namespace) -> dict[str, Any]:
                     "does TRACE credit (paper's K and K = 1), learned roots without the tree, or the tree with "
                     "credit change held-out success against GRPO?",
         "setting": {"variant": variant, "overrides": setting, "lr": lr, "steps": steps,
-                    "command": f"sample_efficiency.py --setting long --steps {steps} --set optim.lr={lr}",
+                    "command": f"sample_efficiency.py --setting long --steps {steps} --set optim.lr={lr}"
+                               + "".join(f" --set {k}" for k in pilot.sweep_sets(variant)),
                     "budget": "64 rollouts a step: 8 prompts x 8 for GRPO, from a pool of 16; every arm the same budget",
                     "pilot": {"file": str(args.pilot.relative_to(RESULTS.parent.parent)),
                               "greedy": chosen["greedy"], "sampled": chosen["sampled"],

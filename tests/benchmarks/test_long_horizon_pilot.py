@@ -168,3 +168,46 @@ def test_the_eighth_round_tries_the_longer_pretrained_base_from_the_highest_temp
     assert "model.tiny_preset=bench_hops_clues_2x" in pilot.VARIANTS[names[1]]
     assert "rollout.engine.temperature=0.7" in pilot.VARIANTS[names[1]]
     assert not any(s.startswith("rollout.engine.temperature") for s in pilot.VARIANTS[names[0]])
+
+
+def test_the_eighth_round_needs_base_rates_then_grpo_learning_then_a_flip() -> None:
+    a, b, c, d = pilot.ROUNDS["clues2x"]
+    rows = {name: {**row, "requirements": pilot.requirements(row)} for name, row in {
+        a: _row(0.02, 4.1, (None, None)),  # 2% sampled: never a candidate
+        b: _row(0.07, 4.1, (0.0, 0.0)),  # 0.5 points from the middle: first
+        c: _row(0.055, 4.1, (0.0, 0.1)),  # 1.0 point, a flip in its pools
+        d: _row(0.05, 4.2, (None, None)),  # 1.5 points
+    }.items()}
+    order = pilot.ROUNDS["clues2x"]
+    learns, flat = _grpo_sweep(0.09, 0.07), _grpo_sweep(0.07, 0.07)
+    some = {"trace_credit_k1_seed1": {"credit_mixed_flip_share": [0.0, 0.1]}}
+    none = {"trace_credit_seed1": {"credit_mixed_flip_share": [0.0]}}
+    assert pilot.choose_with_grpo(rows, {}, {}, order) == (None, [("grpo", b)])
+    assert pilot.choose_with_grpo(rows, {}, {b: learns}, order) == (None, [("flips", b)])
+    assert pilot.choose_with_grpo(rows, {b: some}, {b: learns}, order) == (b, [])
+    assert pilot.choose_with_grpo(rows, {b: none}, {b: learns}, order) == (None, [("grpo", c)])
+    assert pilot.choose_with_grpo(rows, {}, {b: flat, c: learns}, order) == (c, [])  # c's pools flipped
+    assert pilot.choose_with_grpo(rows, {d: none}, {b: flat, c: flat, d: learns}, order) == (None, [])
+
+
+def test_the_eighth_rounds_grpo_pilots_run_each_variant_from_the_long_setting() -> None:
+    from dataclasses import asdict
+
+    from common import LONG_SETTING, resolve
+
+    for name in pilot.ROUNDS["clues2x"]:
+        as_run = resolve("grpo", LONG_SETTING + ["optim.lr=3e-4"] + pilot.sweep_sets(name), False)
+        measured = resolve("grpo", pilot.LONG_BASE + pilot.VARIANTS[name] + ["optim.lr=3e-4"], False)
+        assert asdict(as_run) == asdict(measured), name
+    assert pilot.grpo_pilot_file("x") == "long_horizon_pilot_round8_grpo_x.json"
+
+
+def test_a_pilot_round_file_is_not_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    done = tmp_path / "round.json"
+    done.write_text('{"variants": {"kept": {}}}')
+    monkeypatch.setattr(sys, "argv", ["long_horizon_pilot.py", "--variants", "h4_t8", "--out", str(done)])
+    with pytest.raises(SystemExit):
+        pilot._args()
+    assert "exists" in capsys.readouterr().err and done.read_text() == '{"variants": {"kept": {}}}'
+    monkeypatch.setattr(sys, "argv", ["long_horizon_pilot.py", "--variants", "h4_t8", "--out", str(done), "--overwrite"])
+    assert pilot._args().overwrite
