@@ -78,7 +78,8 @@ def test_pilot_variants_resolve_to_the_long_setting() -> None:
         config = resolve("trace_credit", pilot.RUN + pilot.LONG_BASE + overrides, False)
         world = config.data.world
         assert world.min_hops in (4, 5) and world.max_hops in (4, 5) and world.distractors == 1, name
-        clue_base = config.model.tiny_preset in ("bench_hops_clues", "bench_hops_clues_longer", "bench_hops_clues_exact")
+        clue_base = config.model.tiny_preset in ("bench_hops_clues", "bench_hops_clues_longer", "bench_hops_clues_exact",
+                                                 "bench_hops_clues_2x")
         assert config.model.tiny_preset == "bench_hops_lookalike" or (clue_base and world.clues == 1), name
         assert config.rollout.engine.max_turns >= world.max_hops + 1  # every search and the answer
 
