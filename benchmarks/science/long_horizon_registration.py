@@ -107,72 +107,95 @@ def registered_lr(round_name: str, lr: str | None) -> str:
     return trained or lr or "1e-3"
 
 
-def registration(args: argparse.Namespace) -> dict[str, Any]:
+def _results(name: str) -> dict[str, Any] | None:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def choose_setting(args: argparse.Namespace, rows: dict[str, Any], costs: dict[str, Any], lr: str) -> str:
+    """The variant the round's rule (``long_horizon_pilot``) chooses; exits saying what must run first,
+    or that no test is registered."""
     import long_horizon_pilot as pilot
 
-    data = json.loads(args.pilot.read_text())
-    rows, costs = data["variants"], data.get("step_cost", {})
-    lr = registered_lr(args.round, args.lr)
     unmeasured = [name for name in pilot.ROUNDS[args.round] if name not in rows]
     if unmeasured:
         raise SystemExit(f"{args.pilot}: no base statistics of {', '.join(unmeasured)} (round {args.round}) yet: "
                          f"long_horizon_pilot.py --variants {' '.join(unmeasured)} "
                          f"--out benchmarks/results/long_horizon_pilot_{args.round}.json, then --pilot that file")
+    flips_next = (f"long_horizon_pilot.py --variants {{}} --step-cost 40 --methods trace_credit trace_credit_k1 "
+                  f"--seed 1 --set optim.lr={lr} --out {args.pilot}")
     if args.round == "clues2x":  # the eighth round: base rates, then a pilot GRPO run that learns, then a flip
-        grpo = {name: json.loads((RESULTS / pilot.grpo_pilot_file(name)).read_text()) for name in pilot.ROUNDS["clues2x"]
-                if (RESULTS / pilot.grpo_pilot_file(name)).exists()}
+        grpo = {name: sweep for name in pilot.ROUNDS["clues2x"]
+                if (sweep := _results(pilot.grpo_pilot_file(name))) is not None}
         variant, todo = pilot.choose_with_grpo(rows, costs, grpo, pilot.ROUNDS["clues2x"])
         if todo:
             kind, name = todo[0]
             sets = " ".join(f"--set {k}" for k in pilot.sweep_sets(name))
             raise SystemExit(f"the eighth round needs {kind} of {name} first: " + (
                 f"sample_efficiency.py --setting long --steps 150 --methods grpo --seed-list 100 {sets} "
-                f"--out benchmarks/results/{pilot.grpo_pilot_file(name)}" if kind == "grpo" else
-                f"long_horizon_pilot.py --variants {name} --step-cost 40 --methods trace_credit trace_credit_k1 "
-                f"--seed 1 --set optim.lr={lr} --out {args.pilot}"))
+                f"--set optim.lr={lr} --out benchmarks/results/{pilot.grpo_pilot_file(name)}" if kind == "grpo"
+                else flips_next.format(name)))
     elif args.round in pilot.TRAINED_ROUNDS:
         variant, pending = pilot.choose_with_training(rows, costs, pilot.ROUNDS[args.round])
         if pending:
-            raise SystemExit(f"{args.pilot}: the rule needs pilot training steps of {pending[0]} first "
-                             f"(long_horizon_pilot.py --variants {pending[0]} --step-cost 40 --methods trace_credit "
-                             f"trace_credit_k1 --set optim.lr={lr} --out {args.pilot})")
+            raise SystemExit(f"{args.pilot}: the rule needs pilot training steps of {pending[0]} first: "
+                             + flips_next.format(pending[0]))
     else:
         variant = pilot.choose_variant(rows, pilot.ROUNDS[args.round])
     if variant is None:
         raise SystemExit(f"{args.pilot}: no variant of round {args.round} meets every requirement: no test is registered")
-    chosen = rows[variant]
-    steps, training, flip_lr = args.steps, None, lr
-    if args.training:  # the sixth round: GRPO's learning rate and length, chosen by pilot GRPO runs
-        sweeps = {c: json.loads((RESULTS / pilot.training_file(*c)).read_text()) for c in pilot.TRAINING_CANDIDATES
-                  if (RESULTS / pilot.training_file(*c)).exists()}
-        picked, todo = pilot.choose_training(sweeps)
-        if todo:
-            lr_, steps_ = todo[0]
-            raise SystemExit(f"the sixth round needs its pilot GRPO run at lr {lr_} for {steps_} steps first "
-                             f"(sample_efficiency.py --setting long --methods grpo --seed-list 100 --steps {steps_} "
-                             f"--set optim.lr={lr_} --out benchmarks/results/{pilot.training_file(lr_, steps_)})")
-        if picked is None:
-            raise SystemExit("no candidate of the sixth round made GRPO learn: no test is registered")
-        lr, steps = picked
-        training = {"rule": "long_horizon_pilot.choose_training (sixth round, written before it ran)",
-                    "runs": {pilot.training_file(*c): {"lr": c[0], "steps": c[1],
-                                                       "grpo_sampled_gain_points": round(100 * pilot.grpo_gain(sw), 2),
-                                                       "git": sw.get("git")} for c, sw in sweeps.items()}}
-    learning = None
+    return variant
+
+
+def sixth_round() -> tuple[str, int, dict[str, Any]]:
+    """The learning rate and steps the sixth round's pilot GRPO runs chose, with their record."""
+    import long_horizon_pilot as pilot
+
+    sweeps = {c: sweep for c in pilot.TRAINING_CANDIDATES if (sweep := _results(pilot.training_file(*c))) is not None}
+    picked, todo = pilot.choose_training(sweeps)
+    if todo:
+        lr, steps = todo[0]
+        raise SystemExit(f"the sixth round needs its pilot GRPO run at lr {lr} for {steps} steps first "
+                         f"(sample_efficiency.py --setting long --methods grpo --seed-list 100 --steps {steps} "
+                         f"--set optim.lr={lr} --out benchmarks/results/{pilot.training_file(lr, steps)})")
+    if picked is None:
+        raise SystemExit("no candidate of the sixth round made GRPO learn: no test is registered")
+    return picked[0], picked[1], {
+        "rule": "long_horizon_pilot.choose_training (sixth round, written before it ran)",
+        "runs": {pilot.training_file(*c): {"lr": c[0], "steps": c[1], "git": sw.get("git"),
+                                           "grpo_sampled_gain_points": round(100 * pilot.grpo_gain(sw), 2)}
+                 for c, sw in sweeps.items()}}
+
+
+def seventh_round(lr: str, steps: int) -> dict[str, Any]:
+    """The record of the seventh round's pilot arms, when one of them learned (else exits)."""
+    import long_horizon_pilot as pilot
+
+    sweeps = {arm: sweep for arm in pilot.LEARNING_ARMS if (sweep := _results(pilot.learning_file(arm))) is not None}
+    arm, todo = pilot.choose_learning_arm(sweeps)
+    if arm is None and todo:
+        raise SystemExit(f"the seventh round needs its pilot run of {todo[0]} first (sample_efficiency.py "
+                         f"--setting long --methods {todo[0]} --seed-list 100 --steps {steps} "
+                         f"--set optim.lr={lr} --out benchmarks/results/{pilot.learning_file(todo[0])})")
+    if arm is None:
+        raise SystemExit("no arm of the seventh round learned: no test is registered")
+    return {"rule": "long_horizon_pilot.choose_learning_arm (seventh round, written before it ran)", "learned": arm,
+            "runs": {pilot.learning_file(a): {"sampled_gain_points": round(100 * pilot.arm_gain(sw, a), 2),
+                                              "git": sw.get("git")} for a, sw in sweeps.items()}}
+
+
+def registration(args: argparse.Namespace) -> dict[str, Any]:
+    import long_horizon_pilot as pilot
+
+    data = json.loads(args.pilot.read_text())
+    rows, costs = data["variants"], data.get("step_cost", {})
+    lr = flip_lr = registered_lr(args.round, args.lr)
+    variant = choose_setting(args, rows, costs, lr)
+    chosen, steps, training, learning = rows[variant], args.steps, None, None
+    if args.training:  # the sixth round: GRPO's learning rate and length
+        lr, steps, training = sixth_round()
     if args.learning:  # the seventh round: any arm learning in a seed-100 pilot at this training
-        sweeps7 = {arm: json.loads((RESULTS / pilot.learning_file(arm)).read_text()) for arm in pilot.LEARNING_ARMS
-                   if (RESULTS / pilot.learning_file(arm)).exists()}
-        arm, todo7 = pilot.choose_learning_arm(sweeps7)
-        if arm is None and todo7:
-            raise SystemExit(f"the seventh round needs its pilot run of {todo7[0]} first (sample_efficiency.py "
-                             f"--setting long --methods {todo7[0]} --seed-list 100 --steps {steps} "
-                             f"--set optim.lr={lr} --out benchmarks/results/{pilot.learning_file(todo7[0])})")
-        if arm is None:
-            raise SystemExit("no arm of the seventh round learned: no test is registered")
-        learning = {"rule": "long_horizon_pilot.choose_learning_arm (seventh round, written before it ran)",
-                    "learned": arm,
-                    "runs": {pilot.learning_file(a): {"sampled_gain_points": round(100 * pilot.arm_gain(sw, a), 2),
-                                                      "git": sw.get("git")} for a, sw in sweeps7.items()}}
+        learning = seventh_round(lr, steps)
     setting = last_wins(pilot.LONG_BASE + pilot.VARIANTS[variant] + [f"optim.lr={lr}"])
     config = resolve("grpo", setting, False)
     base = provenance_of(config)
