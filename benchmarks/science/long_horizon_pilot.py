@@ -416,18 +416,15 @@ def choose_with_grpo(rows: dict[str, dict[str, Any]], costs: dict[str, dict[str,
     (``grpo[name]``) learns and whose pools or pilot training steps (``costs[name]``) show a flip.
     Returns it (or None) and what must run next before the rule can decide: ``("grpo", name)`` or
     ``("flips", name)``."""
-    base_keys = tuple(k for k in REQUIREMENT_KEYS if k != "sign_flips_in_mixed_groups")
-    for name in _ranked(rows, candidates, base_keys):
+    for name in _ranked(rows, candidates, BASE_KEYS):
         if name not in grpo:
             return None, [("grpo", name)]
         if grpo_gain(grpo[name]) < LEARNS_BY - 1e-9:
             continue
-        if rows[name]["requirements"]["sign_flips_in_mixed_groups"] is True:
-            return name, []
-        trained = training_flips(costs.get(name))
-        if trained is None:
+        flips = shows_flip(rows, costs, name)
+        if flips is None:
             return None, [("flips", name)]
-        if trained:
+        if flips:
             return name, []
     return None, []
 
@@ -442,6 +439,8 @@ def choose_variant(rows: dict[str, dict[str, Any]], candidates: list[str]) -> st
 
 REQUIREMENT_KEYS = ("sampled_in_range", "tool_calls_at_least_4", "sign_flips_in_mixed_groups", "greedy_not_saturated")
 """The keys of :func:`requirements`."""
+BASE_KEYS = tuple(k for k in REQUIREMENT_KEYS if k != "sign_flips_in_mixed_groups")
+"""The requirements measured on the base alone (the flip one may also be met in pilot training)."""
 
 
 def _ranked(rows: dict[str, dict[str, Any]], candidates: list[str], keys: tuple[str, ...]) -> list[str]:
@@ -466,16 +465,21 @@ def choose_with_training(rows: dict[str, dict[str, Any]], costs: dict[str, dict[
                          candidates: list[str]) -> tuple[str | None, list[str]]:
     """The fourth round's amended rule (module docstring): returns the chosen variant (or None) and
     the candidates that still need pilot training steps before the rule can decide (in order)."""
-    others = tuple(k for k in REQUIREMENT_KEYS if k != "sign_flips_in_mixed_groups")
-    for name in _ranked(rows, candidates, others):
-        if rows[name]["requirements"]["sign_flips_in_mixed_groups"] is True:
-            return name, []
-        trained = training_flips(costs.get(name))
-        if trained is None:
+    for name in _ranked(rows, candidates, BASE_KEYS):
+        flips = shows_flip(rows, costs, name)
+        if flips is None:
             return None, [name]
-        if trained:
+        if flips:
             return name, []
     return None, []
+
+
+def shows_flip(rows: dict[str, dict[str, Any]], costs: dict[str, dict[str, Any]], name: str) -> bool | None:
+    """Whether variant ``name``'s base pools or pilot training steps show a sign flip (None: its pools
+    show none and no credit arm has trained on it yet)."""
+    if rows[name]["requirements"]["sign_flips_in_mixed_groups"] is True:
+        return True
+    return training_flips(costs.get(name))
 
 
 def run_variant(name: str, args: argparse.Namespace) -> dict[str, Any]:
