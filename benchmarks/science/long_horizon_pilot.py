@@ -102,6 +102,22 @@ plus 2 points); and a sign flip shows in its base pools or in 40 pilot training 
 sampled success first (ties: the higher temperature, which leaves more to sharpen); the first that
 meets all is chosen, and later ones are not run. If none does, no test is registered.
 
+Ninth round (written on 2026-12-05 before its bases were pretrained). The eighth round's statistics
+showed why nothing learned: every clue base was pretrained on worlds of at most four hops, so it makes
+exactly four calls on every four- and five-hop question (five-hop greedy success 1.8%), and the only
+way sampling lowers success is by ending episodes early; a temperature that keeps four calls leaves
+sampled success at greedy's, with nothing to sharpen. The new bases (``bench_hops_clues5``, 6,300
+steps, and ``bench_hops_clues5_2x``, 12,600) are pretrained on one- to five-hop clue worlds, so five-hop
+questions get five calls. Candidates: four- and five-hop questions, 10 turns, at temperature 1, 0.7 or
+0.5 on each base (``clues5_h45_t10*``, ``clues5x2_h45_t10*``, :data:`ROUNDS` ``"clues5"``). The rule is
+the eighth round's (the three base requirements; then a pilot GRPO run on seed 100 at lr 3e-4 for 150
+steps that ends at least 2 points of sampled success above the base's, written to
+``long_horizon_pilot_round9_grpo_<variant>.json``; then a sign flip in the base pools or in 40 pilot
+training steps of ``trace_credit`` or ``trace_credit_k1`` at lr 3e-4 on seed 1) with another order
+(:func:`sharpening_order`): the 6,300-step base's candidates first, then the other's; within a base
+the largest greedy minus sampled success first. The first candidate meeting all is chosen and later
+ones are not run; if none does, no test is registered.
+
 ``--step-cost N`` times ``N`` training steps of ``--methods`` (default GRPO and ``trace_credit``) per
 variant instead and adds them to the file's ``step_cost``: what a counted shard would cost.
 
@@ -195,6 +211,11 @@ for _temp in ("05", "04"):
 # Eighth round: the base pretrained twice as long, four and five hops.
 for _temp in ("", "07", "05", "04"):
     VARIANTS[f"clues2x_h45_t10{_suffix(_temp)}"] = _clue_variant("bench_hops_clues_2x", 5, 10, _temp)
+
+# Ninth round: the clue bases pretrained on one- to five-hop worlds, four and five hops, 10 turns.
+for _preset, _tag in (("bench_hops_clues5", "clues5"), ("bench_hops_clues5_2x", "clues5x2")):
+    for _temp in ("", "07", "05"):
+        VARIANTS[f"{_tag}_h45_t10{_suffix(_temp)}"] = _clue_variant(_preset, 5, 10, _temp)
 
 SAMPLED_RANGE = (0.03, 0.10)
 MIN_TOOL_CALLS = 4.0
@@ -336,10 +357,11 @@ ROUNDS: dict[str, list[str]] = {
               "cluesL_h45_t10_temp04"],
     "lr3e4": ["cluesL_h45_t10_temp04"],
     "clues2x": ["clues2x_h45_t10", "clues2x_h45_t10_temp07", "clues2x_h45_t10_temp05", "clues2x_h45_t10_temp04"],
+    "clues5": [f"{tag}_h45_t10{temp}" for tag in ("clues5", "clues5x2") for temp in ("", "_temp07", "_temp05")],
 }
 """The clue rounds' candidates, each in its selection rule's tie order (module docstring)."""
 
-TRAINED_ROUNDS: dict[str, str] = {"exact": "1e-3", "lr3e4": "3e-4", "clues2x": "3e-4"}
+TRAINED_ROUNDS: dict[str, str] = {"exact": "1e-3", "lr3e4": "3e-4", "clues2x": "3e-4", "clues5": "3e-4"}
 """The rounds whose flip requirement may be met in pilot training steps (:func:`choose_with_training`),
 with the learning rate those steps used: the rate a setting they choose is registered at."""
 
@@ -396,9 +418,13 @@ def choose_learning_arm(sweeps: dict[str, dict[str, Any]]) -> tuple[str | None, 
     return None, [arm for arm in LEARNING_ARMS if arm not in sweeps]
 
 
-def grpo_pilot_file(name: str) -> str:
-    """The eighth round's pilot GRPO file of variant ``name`` (under ``benchmarks/results``)."""
-    return f"long_horizon_pilot_round8_grpo_{name}.json"
+GRPO_ROUNDS = {"clues2x": 8, "clues5": 9}
+"""The rounds whose rule needs a pilot GRPO run that learns, by round number (the file names)."""
+
+
+def grpo_pilot_file(name: str, round_name: str = "clues2x") -> str:
+    """A GRPO-gated round's pilot GRPO file of variant ``name`` (under ``benchmarks/results``)."""
+    return f"long_horizon_pilot_round{GRPO_ROUNDS[round_name]}_grpo_{name}.json"
 
 
 def sweep_sets(name: str) -> list[str]:
@@ -409,14 +435,31 @@ def sweep_sets(name: str) -> list[str]:
                     else ["rollout.engine.temperature=1.0"])
 
 
+def sharpening_order(rows: dict[str, dict[str, Any]], candidates: list[str]) -> list[str]:
+    """The ninth round's order (module docstring): the ``candidates`` measured in ``rows`` that meet the
+    three base requirements, base by base in ``candidates`` order (its base is a variant's
+    ``model.tiny_preset``), and within a base the largest greedy minus sampled success first (what
+    sharpening can gain); ties in ``candidates`` order."""
+    def base(name: str) -> str:
+        return next(k for k in VARIANTS[name] if k.startswith("model.tiny_preset="))
+
+    bases = list(dict.fromkeys(base(n) for n in candidates))
+    return [name for *_, name in sorted(
+        (bases.index(base(n)), -round(rows[n]["greedy"]["em"] - rows[n]["sampled"]["em"], 9), candidates.index(n), n)
+        for n in candidates if n in rows and all(rows[n]["requirements"][k] is True for k in BASE_KEYS))]
+
+
 def choose_with_grpo(rows: dict[str, dict[str, Any]], costs: dict[str, dict[str, Any]],
-                     grpo: dict[str, dict[str, Any]], candidates: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
-    """The eighth round's rule (module docstring): the candidates meeting the three base requirements,
-    nearest 6.5% sampled success first (ties in ``candidates`` order); the first whose pilot GRPO run
+                     grpo: dict[str, dict[str, Any]], candidates: list[str],
+                     round_name: str = "clues2x") -> tuple[str | None, list[tuple[str, str]]]:
+    """The eighth and ninth rounds' rule (module docstring): the candidates meeting the three base
+    requirements, in the round's order (eighth: nearest 6.5% sampled success first, ties in
+    ``candidates`` order; ninth: :func:`sharpening_order`); the first whose pilot GRPO run
     (``grpo[name]``) learns and whose pools or pilot training steps (``costs[name]``) show a flip.
     Returns it (or None) and what must run next before the rule can decide: ``("grpo", name)`` or
     ``("flips", name)``."""
-    for name in _ranked(rows, candidates, BASE_KEYS):
+    order = sharpening_order(rows, candidates) if round_name == "clues5" else _ranked(rows, candidates, BASE_KEYS)
+    for name in order:
         if name not in grpo:
             return None, [("grpo", name)]
         if grpo_gain(grpo[name]) < LEARNS_BY - 1e-9:

@@ -55,7 +55,7 @@ def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pilot", type=Path, default=RESULTS / "long_horizon_pilot_round5.json",
                    help="The pilot JSON holding the variant's statistics and step costs.")
-    p.add_argument("--round", choices=("clues", "turns", "exact", "lr3e4", "clues2x"), default="lr3e4",
+    p.add_argument("--round", choices=("clues", "turns", "exact", "lr3e4", "clues2x", "clues5"), default="lr3e4",
                    help="The pilot round whose rule chooses.")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--lr", help="Learning rate of every arm (default 1e-3; a round that trained its pilots: "
@@ -124,17 +124,17 @@ def choose_setting(args: argparse.Namespace, rows: dict[str, Any], costs: dict[s
                          f"--out benchmarks/results/long_horizon_pilot_{args.round}.json, then --pilot that file")
     flips_next = (f"long_horizon_pilot.py --variants {{}} --step-cost 40 --methods trace_credit trace_credit_k1 "
                   f"--seed 1 --set optim.lr={lr} --out {args.pilot}")
-    if args.round == "clues2x":  # the eighth round: base rates, then a pilot GRPO run that learns, then a flip
-        grpo = {name: sweep for name in pilot.ROUNDS["clues2x"]
-                if (sweep := _results(pilot.grpo_pilot_file(name))) is not None}
-        variant, todo = pilot.choose_with_grpo(rows, costs, grpo, pilot.ROUNDS["clues2x"])
+    if args.round in pilot.GRPO_ROUNDS:  # the eighth and ninth rounds: base rates, a pilot GRPO run that learns, a flip
+        grpo = {name: sweep for name in pilot.ROUNDS[args.round]
+                if (sweep := _results(pilot.grpo_pilot_file(name, args.round))) is not None}
+        variant, todo = pilot.choose_with_grpo(rows, costs, grpo, pilot.ROUNDS[args.round], args.round)
         if todo:
             kind, name = todo[0]
             sets = " ".join(f"--set {k}" for k in pilot.sweep_sets(name))
-            raise SystemExit(f"the eighth round needs {kind} of {name} first: " + (
+            raise SystemExit(f"round {args.round} needs {kind} of {name} first: " + (
                 f"sample_efficiency.py --setting long --steps 150 --methods grpo --seed-list 100 {sets} "
-                f"--set optim.lr={lr} --out benchmarks/results/{pilot.grpo_pilot_file(name)}" if kind == "grpo"
-                else flips_next.format(name)))
+                f"--set optim.lr={lr} --out benchmarks/results/{pilot.grpo_pilot_file(name, args.round)}"
+                if kind == "grpo" else flips_next.format(name)))
     elif args.round in pilot.TRAINED_ROUNDS:
         variant, pending = pilot.choose_with_training(rows, costs, pilot.ROUNDS[args.round])
         if pending:

@@ -202,6 +202,34 @@ def test_the_eighth_rounds_grpo_pilots_run_each_variant_from_the_long_setting() 
     assert pilot.grpo_pilot_file("x") == "long_horizon_pilot_round8_grpo_x.json"
 
 
+def test_the_ninth_round_tries_the_shorter_pretrained_base_first_and_the_widest_gap_within_a_base() -> None:
+    names = pilot.ROUNDS["clues5"]
+    assert len(names) == 6 and set(names) <= set(pilot.VARIANTS)
+    assert all("model.tiny_preset=bench_hops_clues5" in pilot.VARIANTS[n] for n in names[:3])
+    assert all("model.tiny_preset=bench_hops_clues5_2x" in pilot.VARIANTS[n] for n in names[3:])
+    a1, a07, a05, b1, b07, b05 = names
+    rows = {name: {**row, "requirements": pilot.requirements(row)} for name, row in {
+        a1: _row(0.04, 4.1, (None, None), greedy=0.08),  # gap 4 points
+        a07: _row(0.05, 4.3, (None, None), greedy=0.08),  # gap 3
+        a05: _row(0.07, 3.9, (None, None), greedy=0.08),  # under four calls: never a candidate
+        b1: _row(0.03, 4.2, (None, None), greedy=0.12),  # gap 9, but the second base
+        b07: _row(0.06, 4.4, (None, None), greedy=0.12),  # gap 6
+        b05: _row(0.02, 4.5, (None, None), greedy=0.12),  # 2% sampled: never a candidate
+    }.items()}
+    assert pilot.sharpening_order(rows, names) == [a1, a07, b1, b07]
+    tie = {**rows, a07: {**rows[a07], "sampled": {**rows[a07]["sampled"], "em": 0.04}}}
+    assert pilot.sharpening_order(tie, names)[:2] == [a1, a07]  # equal gaps: the candidates' order
+    learns, flat = _grpo_sweep(0.07, 0.04), _grpo_sweep(0.04, 0.04)
+    some = {"trace_credit_k1_seed1": {"credit_mixed_flip_share": [0.0, 0.1]}}
+    assert pilot.choose_with_grpo(rows, {}, {}, names, "clues5") == (None, [("grpo", a1)])
+    assert pilot.choose_with_grpo(rows, {}, {a1: flat}, names, "clues5") == (None, [("grpo", a07)])
+    assert pilot.choose_with_grpo(rows, {b1: some}, {a1: flat, a07: flat, b1: learns}, names, "clues5") == (b1, [])
+    # the eighth round's order on the same rows would start nearest 6.5%: b07
+    assert pilot.choose_with_grpo(rows, {}, {}, names) == (None, [("grpo", b07)])
+    assert pilot.grpo_pilot_file("x", "clues5") == "long_horizon_pilot_round9_grpo_x.json"
+    assert pilot.TRAINED_ROUNDS["clues5"] == "3e-4"
+
+
 def test_a_pilot_round_file_is_not_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     done = tmp_path / "round.json"
     done.write_text('{"variants": {"kept": {}}}')

@@ -160,7 +160,7 @@ def test_config_validation_names_the_field() -> None:
         TinyModelConfig(precision="fp8")
     with pytest.raises(ValueError, match="unknown field 'bogus'"):
         TinyModelConfig.from_dict({"bogus": 1})
-    with pytest.raises(ValueError, match="valid: bench, bench_guided, bench_hops, bench_hops_2l, bench_hops_clues, bench_hops_clues_2x, bench_hops_clues_exact, bench_hops_clues_longer, bench_hops_long, bench_hops_lookalike, default, smoke, two_layer"):
+    with pytest.raises(ValueError, match="valid: bench, bench_guided, bench_hops, bench_hops_2l, bench_hops_clues, bench_hops_clues5, bench_hops_clues5_2x, bench_hops_clues_2x, bench_hops_clues_exact, bench_hops_clues_longer, bench_hops_long, bench_hops_lookalike, default, smoke, two_layer"):
         get_preset("huge")
 
 

@@ -79,7 +79,7 @@ def test_pilot_variants_resolve_to_the_long_setting() -> None:
         world = config.data.world
         assert world.min_hops in (4, 5) and world.max_hops in (4, 5) and world.distractors == 1, name
         clue_base = config.model.tiny_preset in ("bench_hops_clues", "bench_hops_clues_longer", "bench_hops_clues_exact",
-                                                 "bench_hops_clues_2x")
+                                                 "bench_hops_clues_2x", "bench_hops_clues5", "bench_hops_clues5_2x")
         assert config.model.tiny_preset == "bench_hops_lookalike" or (clue_base and world.clues == 1), name
         assert config.rollout.engine.max_turns >= world.max_hops + 1  # every search and the answer
 
@@ -99,3 +99,19 @@ def test_long_preset_pretrains_on_five_hop_episodes_that_fit_its_rows() -> None:
     lengths = [len(s.ids) for s in samples]
     assert stats["unknown_tokens"] == 0 and max(lengths) <= config.seq_len
     assert max(lengths) > 512  # five searches of three results: longer than the other presets' rows
+
+
+@pytest.mark.parametrize("preset", ["bench_hops_clues5", "bench_hops_clues5_2x"])
+def test_five_hop_clue_presets_fit_five_searches_with_clues_in_their_rows(preset: str) -> None:
+    """The clue presets pretrained on five-hop worlds: clue sentences make five-search episodes longer
+    than the 768-token rows of the four-hop clue bases (measured: ~830 tokens), and rows of 896 hold them."""
+    from dataclasses import replace
+
+    from tracerl.testbed.tiny import pretraining_samples, tokenizer_for_world
+    from tracerl.testbed.tiny_config import get_preset
+
+    config = replace(get_preset(preset), num_worlds=2)
+    assert config.world.max_hops == 5 and config.world.clues == 1 and len(config.explorer.search_count_weights) == 5
+    samples, stats = pretraining_samples(config, tokenizer_for_world(config.world))
+    lengths = [len(s.ids) for s in samples]
+    assert stats["unknown_tokens"] == 0 and 768 < max(lengths) <= config.seq_len

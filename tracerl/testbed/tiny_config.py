@@ -232,6 +232,19 @@ PRESETS: dict[str, TinyModelConfig] = {
     "bench_hops_clues_2x": TinyModelConfig(world=replace(BENCH_WORLD, distractors=1, clues=1), num_worlds=200,
                                            steps=12600, warmup_steps=100, seq_len=768,
                                            explorer=replace(DEFAULT_EXPLORER, hop_aware=0.85)),
+    # The clue world on one- to five-hop worlds (the clue bases above saw at most four hops, so they make
+    # four calls on every four- and five-hop question, greedy or sampled, and answer early when sampling
+    # adds noise: no temperature kept four calls with sampled success below greedy). Five-entry search
+    # counts, ten turns, rows of 896 (five searches reach ~830 tokens); ``_2x`` pretrains twice as many
+    # steps. Ninth long-horizon pilot round.
+    "bench_hops_clues5": TinyModelConfig(world=replace(BENCH_WORLD, distractors=1, clues=1, max_hops=5), num_worlds=200,
+                                         steps=6300, warmup_steps=100, seq_len=896, max_turns=10,
+                                         explorer=replace(DEFAULT_EXPLORER, hop_aware=0.85,
+                                                          search_count_weights=(0.3, 0.25, 0.2, 0.15, 0.1))),
+    "bench_hops_clues5_2x": TinyModelConfig(world=replace(BENCH_WORLD, distractors=1, clues=1, max_hops=5),
+                                            num_worlds=200, steps=12600, warmup_steps=100, seq_len=896, max_turns=10,
+                                            explorer=replace(DEFAULT_EXPLORER, hop_aware=0.85,
+                                                             search_count_weights=(0.3, 0.25, 0.2, 0.15, 0.1))),
     # ``_longer`` with an explorer that always searches once per hop (sampled four-hop episodes of
     # ``_longer`` averaged 3.98 valid calls: some answer early).
     "bench_hops_clues_exact": TinyModelConfig(world=replace(BENCH_WORLD, distractors=1, clues=1), num_worlds=200,
