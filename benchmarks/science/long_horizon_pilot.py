@@ -435,17 +435,36 @@ def sweep_sets(name: str) -> list[str]:
                     else ["rollout.engine.temperature=1.0"])
 
 
+def base_of(name: str) -> str:
+    """The base preset of variant ``name`` (its ``model.tiny_preset``)."""
+    return next(k.split("=", 1)[1] for k in VARIANTS[name] if k.startswith("model.tiny_preset="))
+
+
+def choose_base_by_base(rows: dict[str, dict[str, Any]], costs: dict[str, dict[str, Any]],
+                        grpo: dict[str, dict[str, Any]], candidates: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
+    """The ninth round's rule (:func:`choose_with_grpo` in :func:`sharpening_order`) decided one base at a
+    time, so that a later base's statistics are needed only when no earlier base's candidate qualifies;
+    the same choice as on every base's statistics at once. What must run next may also be
+    ``("measure", name)``: the base statistics of a variant."""
+    for base in dict.fromkeys(base_of(n) for n in candidates):
+        group = [n for n in candidates if base_of(n) == base]
+        unmeasured = [n for n in group if n not in rows]
+        if unmeasured:
+            return None, [("measure", n) for n in unmeasured]
+        chosen, todo = choose_with_grpo(rows, costs, grpo, group, "clues5")
+        if chosen is not None or todo:
+            return chosen, todo
+    return None, []
+
+
 def sharpening_order(rows: dict[str, dict[str, Any]], candidates: list[str]) -> list[str]:
     """The ninth round's order (module docstring): the ``candidates`` measured in ``rows`` that meet the
     three base requirements, base by base in ``candidates`` order (its base is a variant's
     ``model.tiny_preset``), and within a base the largest greedy minus sampled success first (what
     sharpening can gain); ties in ``candidates`` order."""
-    def base(name: str) -> str:
-        return next(k for k in VARIANTS[name] if k.startswith("model.tiny_preset="))
-
-    bases = list(dict.fromkeys(base(n) for n in candidates))
+    bases = list(dict.fromkeys(base_of(n) for n in candidates))
     return [name for *_, name in sorted(
-        (bases.index(base(n)), -round(rows[n]["greedy"]["em"] - rows[n]["sampled"]["em"], 9), candidates.index(n), n)
+        (bases.index(base_of(n)), -round(rows[n]["greedy"]["em"] - rows[n]["sampled"]["em"], 9), candidates.index(n), n)
         for n in candidates if n in rows and all(rows[n]["requirements"][k] is True for k in BASE_KEYS))]
 
 

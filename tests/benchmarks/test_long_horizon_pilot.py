@@ -227,6 +227,16 @@ def test_the_ninth_round_tries_the_shorter_pretrained_base_first_and_the_widest_
     # the eighth round's order on the same rows would start nearest 6.5%: b07
     assert pilot.choose_with_grpo(rows, {}, {}, names) == (None, [("grpo", b07)])
     assert pilot.grpo_pilot_file("x", "clues5") == "long_horizon_pilot_round9_grpo_x.json"
+    # base by base: the second base's statistics are needed only once the first base has nothing
+    first = {n: rows[n] for n in (a1, a07, a05)}
+    assert pilot.choose_base_by_base(first, {}, {}, names) == (None, [("grpo", a1)])
+    assert pilot.choose_base_by_base({a1: rows[a1]}, {}, {}, names) == (None, [("measure", a07), ("measure", a05)])
+    assert pilot.choose_base_by_base(first, {}, {a1: flat, a07: flat}, names) == (
+        None, [("measure", b1), ("measure", b07), ("measure", b05)])
+    grpo = {a1: flat, a07: flat, b1: learns}
+    assert pilot.choose_base_by_base(rows, {b1: some}, grpo, names) == pilot.choose_with_grpo(
+        rows, {b1: some}, grpo, names, "clues5") == (b1, [])
+    assert pilot.choose_base_by_base(rows, {}, {**grpo, b1: flat, b07: flat}, names) == (None, [])
     assert pilot.TRAINED_ROUNDS["clues5"] == "3e-4"
 
 
