@@ -127,7 +127,9 @@ def test_the_package_data_globs_cover_every_shipped_file() -> None:
 
 def test_the_shipped_models_stay_small() -> None:
     total = sum(p.stat().st_size for p in weights_root().rglob("*") if p.is_file())
-    assert total < 20_000_000  # four float32 models of about 1M parameters
+    # the package-size budget: 24 MB, five float32 models of about 1M parameters and the smoke model
+    # (~20.5 MB; a wheel's limit on PyPI is 100 MB, and a checkout should stay quick to clone)
+    assert total < 24_000_000
 
 
 def test_provenance_records_the_shipped_sha256_and_the_machine() -> None:

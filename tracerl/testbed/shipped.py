@@ -38,10 +38,11 @@ __all__ = ["MANIFEST", "SHIPPED_PRESETS", "WEIGHTS_FILE", "check_shipped", "file
 
 MANIFEST = "manifest.json"
 WEIGHTS_FILE = "model.safetensors"
-SHIPPED_PRESETS = ("smoke", "default", "bench_hops", "bench_hops_lookalike", "bench_hops_clues_longer")
+SHIPPED_PRESETS = ("smoke", "default", "bench_hops", "bench_hops_lookalike", "bench_hops_clues_longer", "bench_hops_clues5")
 """The presets the package ships: ``--smoke``'s, the demo's, the credit testbed's, its look-alike
 variant's (benchmarks/common.py ``CREDIT_SETTING`` and ``LOOKALIKE_SETTING``) and the long-horizon
-candidate's (four-hop questions on the clue world: benchmarks/science/long_horizon_pilot.py)."""
+testbed's two bases (four- and five-hop questions on the clue world: the first registration's
+``bench_hops_clues_longer`` and the second's ``bench_hops_clues5``; benchmarks/science/long_horizon_pilot.py)."""
 FOLDER_FILES = ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
                 "tokenizer_config.json", "chat_template.jinja", "tiny_config.json", "pretrain_log.json")
 """What pretraining writes and a shipped folder keeps (``manifest.json`` is added beside them)."""
