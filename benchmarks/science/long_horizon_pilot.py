@@ -116,7 +116,12 @@ steps that ends at least 2 points of sampled success above the base's, written t
 training steps of ``trace_credit`` or ``trace_credit_k1`` at lr 3e-4 on seed 1) with another order
 (:func:`sharpening_order`): the 6,300-step base's candidates first, then the other's; within a base
 the largest greedy minus sampled success first. The first candidate meeting all is chosen and later
-ones are not run; if none does, no test is registered.
+ones are not run; if none does, no test is registered. Outcome: chosen, ``clues5_h45_t10_temp07``.
+The first base's statistics: greedy 5% (4.57 calls); sampled 2.0% / 5.5% / 5.2% at temperature
+1 / 0.7 / 0.5 (4.25 / 4.46 / 4.56 calls), so 0.5 came first; its GRPO pilot gained 1.2 points, the
+one at 0.7 2.7 points, and 40 pilot steps at 0.7 flipped signs (``trace_credit`` 0.6% of one step's
+mixed transitions, ``trace_credit_k1`` 0.6% and 2.5%). The twice-pretrained base was not needed.
+Registered: ``long_horizon_registration_2.json``.
 
 ``--step-cost N`` times ``N`` training steps of ``--methods`` (default GRPO and ``trace_credit``) per
 variant instead and adds them to the file's ``step_cost``: what a counted shard would cost.
