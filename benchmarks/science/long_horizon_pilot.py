@@ -468,9 +468,8 @@ def sharpening_order(rows: dict[str, dict[str, Any]], candidates: list[str]) -> 
     ``model.tiny_preset``), and within a base the largest greedy minus sampled success first (what
     sharpening can gain); ties in ``candidates`` order."""
     bases = list(dict.fromkeys(base_of(n) for n in candidates))
-    return [name for *_, name in sorted(
-        (bases.index(base_of(n)), -round(rows[n]["greedy"]["em"] - rows[n]["sampled"]["em"], 9), candidates.index(n), n)
-        for n in candidates if n in rows and all(rows[n]["requirements"][k] is True for k in BASE_KEYS))]
+    return sorted(_ranked(rows, candidates, BASE_KEYS), key=lambda n: (
+        bases.index(base_of(n)), -round(rows[n]["greedy"]["em"] - rows[n]["sampled"]["em"], 9), candidates.index(n)))
 
 
 def choose_with_grpo(rows: dict[str, dict[str, Any]], costs: dict[str, dict[str, Any]],
