@@ -305,6 +305,13 @@ def sampled_keys(sampled: list[dict[str, float]]) -> list[str]:
     return sorted({k for s in sampled for k in s}, key=lambda k: (k != "all", k))
 
 
+def gains(rs: list[dict[str, Any]], key: str) -> list[float]:
+    """Per seed, the run's final sampled success minus its base model's on ``key`` (``all`` or a hop
+    count), where both were measured."""
+    return [r["sampled"][key] - r["sampled_base"][key] for r in rs
+            if (r.get("sampled") or {}).get(key) is not None and (r.get("sampled_base") or {}).get(key) is not None]
+
+
 def protocol_summary(rs: list[dict[str, Any]], grpo: list[dict[str, Any]] | None) -> dict[str, Any]:
     """Issue 25's fields of one arm: sampled success per hop, hop share, collapses, escapes, paired tests
     (:func:`protocol.paired_stats` per metric; ``p_holm`` is set over the arms by :func:`protocol.add_holm`)."""
@@ -320,6 +327,8 @@ def protocol_summary(rs: list[dict[str, Any]], grpo: list[dict[str, Any]] | None
         "collapses": sum(collapsed(r) for r in rs),
         "collapse_rule": COLLAPSE_RULE,
         "escape": escape_summary(rs),
+        # the arm's own gain: its final sampled success minus the base model's, same questions and stream, by seed
+        "gain_over_base": {f"sampled_{k}": paired_stats(gains(rs, k)) for k in keys},
     }
     if grpo:
         paired = {f"sampled_{k}": paired_stats(paired_deltas(rs, grpo, lambda r, k=k: (r.get("sampled") or {}).get(k)))
@@ -449,8 +458,11 @@ def main() -> None:
     png = plot(summary, runs, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {png} ({result['seconds']:.0f} s)")
     for name, m in summary["methods"].items():
+        gain = m.get("gain_over_base", {}).get("sampled_all") or {}
+        over = (f"  sampled gain over base {100 * gain['mean']:+.2f} [{100 * gain['lo']:+.2f}, {100 * gain['hi']:+.2f}]"
+                if gain.get("lo") is not None else "")
         print(f"{name:>12}: final {m['final_accuracy_mean']:.3f}  eff {m['effective_ratio_mean']:.3f}  "
-              f"tokens_to_grpo_final {m['tokens_to_grpo_final']}")
+              f"tokens_to_grpo_final {m['tokens_to_grpo_final']}{over}")
 
 
 if __name__ == "__main__":

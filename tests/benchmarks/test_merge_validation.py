@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,24 @@ def test_well_formed_shards_merge_as_before(tmp_path: Path) -> None:
     runs, merged = se.merge_shards([a, b])
     assert [r["seed"] for r in runs["grpo"]] == [0, 1] and merged["seconds"] == 6.0
     assert se.summarise(runs)["methods"]["grpo"]["final_accuracy_mean"] == pytest.approx(0.4)  # (0.3 + 0.5) / 2
+
+
+def test_a_merge_reports_each_arms_gain_over_its_base(tmp_path: Path) -> None:
+    """Sampled success after training minus the base model's, by seed, in the JSON and on stdout."""
+    shards = []
+    for seed, (final, base) in enumerate(((0.06, 0.04), (0.05, 0.04), (0.07, 0.04))):
+        run = _run(seed, 0.3)
+        run["sampled"], run["sampled_base"] = {"all": final}, {"all": base}
+        shard = _shard({"grpo": [run]})
+        shard["setting"].update(overrides=[], smoke=True, final_eval_questions=4, sampled_questions=4)
+        shards.append(_write(tmp_path / f"s{seed}.json", shard))
+    out = tmp_path / "merged.json"
+    done = subprocess.run([sys.executable, str(BENCH / "science" / "sample_efficiency.py"), "--merge", *map(str, shards),
+                           "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=BENCH,
+                          env={**os.environ, "MPLCONFIGDIR": str(tmp_path), "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    # gains 2, 1, 3 points: mean 2, sd 1, se 1 / sqrt 3 = 0.577, t_{0.975,2} = 4.303 -> 2 +- 2.484
+    assert "sampled gain over base +2.00 [-0.48, +4.48]" in done.stdout
+    gain = json.loads(out.read_text())["methods"]["grpo"]["gain_over_base"]["sampled_all"]
+    assert gain["n"] == 3 and gain["mean"] == pytest.approx(0.02)
+    assert gain["p_signflip"] == 0.25  # all positive: 2 of the 8 sign assignments reach |sum| 6

@@ -56,6 +56,12 @@ def test_summary_and_table() -> None:
     assert got["paired_vs_grpo"]["sampled_all"]["p_signflip"] == 0.5  # deltas 0.05, 0.03: sums +-0.08, +-0.02
     assert got["escape"]["n"] == 2 and got["escape"]["count"] == 2  # 0.25 and 0.33 against a base of 0.1
     assert got["hop_share_mean"] == {"1": pytest.approx(0.7), "2": pytest.approx(0.3)}
+    # the arm's own gain over its base, by seed: 0.25 - 0.1 and 0.33 - 0.1, so mean 19.0 points, sd 0.08 / sqrt 2,
+    # se 4.0 points, 19.0 +- 12.706 x 4.0 = [-31.8, +69.8]; both positive: sign-flip p = 2 / 4
+    gain = got["gain_over_base"]["sampled_all"]
+    assert (gain["n"], gain["mean"], gain["lo"], gain["hi"]) == (2, pytest.approx(0.19), pytest.approx(-0.31824, abs=1e-4),
+                                                                pytest.approx(0.69824, abs=1e-4))
+    assert gain["p_signflip"] == 0.5 and got["gain_over_base"]["sampled_1"]["n"] == 0  # no per-hop base in these runs
     methods = {"grpo": {"seeds": 2, **se.protocol_summary(grpo, grpo)}, "arm": {"seeds": 2, **got}}
     protocol.add_holm(methods)
     assert methods["arm"]["paired_vs_grpo"]["sampled_all"]["p_holm"] == methods["arm"]["paired_vs_grpo"]["sampled_all"]["p_t"]
