@@ -232,6 +232,21 @@ def check_one_base_model(paths: list[Path], shards: list[dict[str, Any]]) -> Non
                              "merge shards of one base model")
 
 
+def check_one_cpu_per_seed(paths: list[Path], shards: list[dict[str, Any]]) -> None:
+    """Refuse (``SystemExit`` naming both files) merging shards in which one seed's runs come from
+    different CPU types (the ``provenance`` machine's ``cpu``; a shard without one differs from a shard
+    with one): training on one base and seed diverges across CPU types, so a paired difference between
+    them would carry the machine as well as the arm."""
+    first: dict[Any, tuple[Path, Any]] = {}
+    for path, shard in zip(paths, shards, strict=True):
+        cpu = ((shard.get("provenance") or {}).get("machine") or {}).get("cpu")
+        for seed in sorted({r["seed"] for rs in shard["runs"].values() for r in rs}):
+            other, other_cpu = first.setdefault(seed, (path, cpu))
+            if other_cpu != cpu:
+                raise SystemExit(f"{path}: seed {seed} ran on {cpu}, in {other} on {other_cpu}; "
+                                 "merge runs of one seed made on one CPU type")
+
+
 def _cpus() -> int:
     import os
 

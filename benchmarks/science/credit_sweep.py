@@ -54,6 +54,7 @@ from common import (
     RESULTS,
     add_config_args,
     check_one_base_model,
+    check_one_cpu_per_seed,
     configure_torch,
     describe_config,
     machine,
@@ -255,6 +256,7 @@ def merge_shards(paths: list[Path], imports: list[Path] = ()) -> tuple[dict[str,
         if same(shard) != same(shards[0]):
             raise SystemExit(f"{path}: its setting differs from {paths[0]}'s")
     check_one_base_model(paths, shards)
+    check_one_cpu_per_seed(paths, shards)
     sources: list[tuple[Path, dict[str, Any], dict[str, list[dict[str, Any]]]]] = [
         (p, shard["grid"], shard["runs"]) for p, shard in zip(paths, shards, strict=True)]
     grid_of = {p["label"]: p for p in grid(argparse.Namespace(grid="cross", horizons=[CENTER[0]],

@@ -59,6 +59,7 @@ from common import (
     RESULTS,
     add_config_args,
     check_one_base_model,
+    check_one_cpu_per_seed,
     configure_torch,
     describe_config,
     fresh_dir,
@@ -390,6 +391,7 @@ def merge_shards(paths: list[Path], methods: list[str] | None = None) -> tuple[d
         if same(shard) != same(shards[0]):
             raise SystemExit(f"{path}: its setting differs from {paths[0]}'s; shards must share one setting")
     check_one_base_model(paths, shards)
+    check_one_cpu_per_seed(paths, shards)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS + ABLATIONS + OPTIONS + MECHANISMS}
     for path, shard in zip(paths, shards, strict=True):
         for method, rs in shard["runs"].items():
