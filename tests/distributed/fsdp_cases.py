@@ -66,4 +66,9 @@ def settings(kl_coef: float, micro: int = 2, packing: str = "never") -> UpdateSe
 
 
 def optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01)
+    """AdamW whose first step is ``lr * g / (|g| + eps)``: an element whose gradient is near ``eps``
+    moves by up to ``lr / eps`` times its float noise. ``eps=1e-6`` caps that gain at 1e4. At the
+    default 1e-8, one element with a gradient of 1.6e-9 made the packed step differ from the unpacked
+    one by 1.9e-5 on an Intel Xeon; at 1e-6 the largest difference there is 7.4e-7."""
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01,
+                             eps=1e-6)
