@@ -220,7 +220,7 @@ def questions_per_hop(setting: dict[str, Any]) -> dict[str, dict[str, int]]:
     return {"sampled": count(setting.get("sampled_questions") or 0), "greedy": count(setting["final_eval_questions"])}
 
 
-def _recorded(shard: dict[str, Any], section: str, key: str) -> Any:
+def recorded(shard: dict[str, Any], section: str, key: str) -> Any:
     """``shard["provenance"][section][key]``, or None where the shard did not record it."""
     return ((shard.get("provenance") or {}).get(section) or {}).get(key)
 
@@ -229,7 +229,7 @@ def check_one_base_model(paths: list[Path], shards: list[dict[str, Any]]) -> Non
     """Refuse (``SystemExit`` naming the file) merging shards that started from different base models
     (the ``provenance`` sha256; a shard without one differs from a shard with one)."""
     def sha(shard: dict[str, Any]) -> Any:
-        return _recorded(shard, "base_model", "sha256")
+        return recorded(shard, "base_model", "sha256")
 
     for path, shard in zip(paths[1:], shards[1:], strict=True):
         if sha(shard) != sha(shards[0]):
@@ -244,7 +244,7 @@ def check_one_cpu_per_seed(paths: list[Path], shards: list[dict[str, Any]]) -> N
     them would carry the machine as well as the arm."""
     first: dict[Any, tuple[Path, Any]] = {}
     for path, shard in zip(paths, shards, strict=True):
-        cpu = _recorded(shard, "machine", "cpu")
+        cpu = recorded(shard, "machine", "cpu")
         for seed in sorted({r["seed"] for rs in shard["runs"].values() for r in rs}):
             other, other_cpu = first.setdefault(seed, (path, cpu))
             if other_cpu != cpu:

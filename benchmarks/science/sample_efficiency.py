@@ -67,6 +67,7 @@ from common import (
     mean,
     provenance_of,
     questions_per_hop,
+    recorded,
     resolve,
     save_figure,
     setting_overrides,
@@ -117,6 +118,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--merge", type=Path, nargs="+", metavar="SHARD.json",
                    help="Summarise the runs of these shard files (same setting) into --out; trains nothing.")
+    p.add_argument("--other-cpu", type=Path, nargs="+", default=[], metavar="SHARD.json",
+                   help="With --merge: shards that re-ran counted arms and seeds on another CPU type; reported "
+                        "beside the merge as a same-seed comparison of machines, never merged.")
     p.add_argument("--final-eval", type=int, default=200, help="Questions per split in the final evaluation.")
     p.add_argument("--sampled-eval", type=int, default=300,
                    help="Unseen-world questions of the sampled endpoint (before training and at the end; 0: off).")
@@ -133,6 +137,8 @@ def _args() -> argparse.Namespace:
         args.seeds, args.steps, args.final_eval, args.sampled_eval, args.samples = 1, 4, 32, 16, 2
     args.seed_list = args.seed_list if args.seed_list is not None else list(range(args.seeds))
     args.merge_methods, args.methods = args.methods, args.methods or list(METHODS)
+    if args.other_cpu and not args.merge:
+        p.error("--other-cpu compares shards with the runs of --merge; give --merge too")
     return args
 
 
@@ -343,6 +349,73 @@ def protocol_summary(rs: list[dict[str, Any]], grpo: list[dict[str, Any]] | None
     return out
 
 
+def _sampled_all(run: dict[str, Any]) -> float | None:
+    return (run.get("sampled") or {}).get("all")
+
+
+def _greedy_unseen(run: dict[str, Any]) -> float | None:
+    return run["final"]["unseen"]
+
+
+def cpu_blocks(runs: dict[str, list[dict[str, Any]]], seed_cpu: dict[int, Any]) -> dict[str, Any]:
+    """Descriptive, beside a verdict whose seeds ran on two or more CPU types: per type, its seeds and
+    each arm's paired difference from GRPO on them (sampled and greedy, all questions). Empty when
+    every seed ran on one type."""
+    types = sorted({str(c) for c in seed_cpu.values()})
+    if len(types) < 2 or "grpo" not in runs:
+        return {}
+    out: dict[str, Any] = {}
+    for cpu in types:
+        seeds = sorted(s for s, c in seed_cpu.items() if str(c) == cpu)
+        block = {m: [r for r in rs if r["seed"] in seeds] for m, rs in runs.items()}
+        out[cpu] = {"seeds": seeds, "paired_vs_grpo": {
+            m: {"sampled_all": paired_stats(paired_deltas(rs, block["grpo"], _sampled_all)),
+                "greedy_all": paired_stats(paired_deltas(rs, block["grpo"], _greedy_unseen))}
+            for m, rs in block.items() if m != "grpo"}}
+    return out
+
+
+def same_steps(a: list[float], b: list[float]) -> int:
+    """How many leading training steps two runs' mean rewards are identical for."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def machine_pairs(runs: dict[str, list[dict[str, Any]]], seed_cpu: dict[int, Any],
+                  others: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+    """Descriptive: counted runs made again, same arm and seed, on another CPU type (``others``: shard
+    path and contents). Per pair, the value on the first type (alphabetically) minus the second's:
+    final sampled and greedy success and the base model's sampled success, and the steps for which
+    the two runs' mean rewards stayed identical; over the pairs, :func:`protocol.paired_stats`."""
+    pairs: list[dict[str, Any]] = []
+    for path, shard in others:
+        cpu = str(recorded(shard, "machine", "cpu"))
+        for method, rs in shard["runs"].items():
+            for run in rs:
+                counted = next((r for r in runs.get(method, []) if r["seed"] == run["seed"]), None)
+                if counted is None:
+                    raise SystemExit(f"{path}: no merged {method} run of seed {run['seed']} to compare it with")
+                counted_cpu = str(seed_cpu[run["seed"]])
+                if counted_cpu == cpu:
+                    raise SystemExit(f"{path}: {method} seed {run['seed']} ran on {cpu}, as the merged run did; "
+                                     "--other-cpu takes runs from another CPU type")
+                (_, a), (_, b) = sorted([(cpu, run), (counted_cpu, counted)], key=lambda x: x[0])
+
+                def diff(value: Any, a: dict[str, Any] = a, b: dict[str, Any] = b) -> float | None:
+                    va, vb = value(a), value(b)
+                    return None if va is None or vb is None else va - vb
+
+                pairs.append({"arm": method, "seed": run["seed"], "cpus": sorted([cpu, counted_cpu]), "shard": path.name,
+                              "sampled_all": diff(_sampled_all), "greedy_all": diff(_greedy_unseen),
+                              "base_sampled_all": diff(lambda r: (r.get("sampled_base") or {}).get("all")),
+                              "same_reward_steps": same_steps(run["reward_mean"], counted["reward_mean"])})
+    types = sorted({str(c) for c in seed_cpu.values()} | {c for p in pairs for c in p["cpus"]})
+    if len(types) > 2:
+        raise SystemExit(f"--other-cpu: runs from {len(types)} CPU types ({', '.join(types)}); compare two")
+    return {"difference": f"{types[0]} minus {types[-1]}", "pairs": pairs,
+            **{k: paired_stats([p[k] for p in pairs if p[k] is not None])
+               for k in ("sampled_all", "greedy_all", "base_sampled_all")}}
+
+
 def plot(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]], out: Path) -> Path:
     import matplotlib
 
@@ -384,12 +457,7 @@ def merge_shards(paths: list[Path], methods: list[str] | None = None) -> tuple[d
     for path, shard in zip(paths, shards, strict=True):  # every shard whole, before anything is written
         check_shard(path, shard, METHODS + ABLATIONS + OPTIONS + MECHANISMS)
 
-    def same(shard: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in shard["setting"].items() if k != "seeds"}
-
-    for path, shard in zip(paths[1:], shards[1:], strict=True):
-        if same(shard) != same(shards[0]):
-            raise SystemExit(f"{path}: its setting differs from {paths[0]}'s; shards must share one setting")
+    check_one_setting(paths, shards)
     check_one_base_model(paths, shards)
     check_one_cpu_per_seed(paths, shards)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS + ABLATIONS + OPTIONS + MECHANISMS}
@@ -407,7 +475,29 @@ def merge_shards(paths: list[Path], methods: list[str] | None = None) -> tuple[d
     check_aligned(runs, paths)
     seconds = sum(shard["seconds"] for shard in shards)
     setting = {**shards[0]["setting"], "seeds": max(len(rs) for rs in runs.values())}
-    return runs, {**shards[0], "setting": setting, "seconds": seconds, "shards": [p.name for p in paths]}
+    seed_cpu = {r["seed"]: recorded(shard, "machine", "cpu") for shard in shards for rs in shard["runs"].values() for r in rs}
+    return runs, {**shards[0], "setting": setting, "seconds": seconds, "shards": [p.name for p in paths],
+                  "seed_cpu": seed_cpu}
+
+
+def check_one_setting(paths: list[Path], shards: list[dict[str, Any]]) -> None:
+    """Refuse (``SystemExit`` naming the file) shards whose settings differ (their seeds aside)."""
+    def same(shard: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in shard["setting"].items() if k != "seeds"}
+
+    for path, shard in zip(paths[1:], shards[1:], strict=True):
+        if same(shard) != same(shards[0]):
+            raise SystemExit(f"{path}: its setting differs from {paths[0]}'s; shards must share one setting")
+
+
+def read_other_cpu(paths: list[Path], merged: list[Path]) -> list[tuple[Path, dict[str, Any]]]:
+    """The ``--other-cpu`` shards, each whole and of the merged shards' setting and base model."""
+    shards = [read_shard(p) for p in [merged[0], *paths]]
+    for path, shard in zip(paths, shards[1:], strict=True):
+        check_shard(path, shard, METHODS + ABLATIONS + OPTIONS + MECHANISMS)
+    check_one_setting([merged[0], *paths], shards)
+    check_one_base_model([merged[0], *paths], shards)
+    return list(zip(paths, shards[1:], strict=True))
 
 
 def main() -> None:
@@ -419,6 +509,11 @@ def main() -> None:
         extra = {"shards": shard["shards"], "shard_seconds_total": seconds, "provenance": shard.get("provenance"),
                  **{k: shard.get(k) for k in ("machine", "python", "torch", "threads", "cpus")},
                  "shard_git": {p.name: read_shard(p).get("git") for p in args.merge}}  # each shard's commit (issue 48)
+        blocks = cpu_blocks(runs, shard["seed_cpu"])  # descriptive, beside the verdict
+        if blocks:
+            extra["cpu_blocks"] = blocks
+        if args.other_cpu:
+            extra["other_cpu"] = machine_pairs(runs, shard["seed_cpu"], read_other_cpu(args.other_cpu, args.merge))
     else:
         configure_torch(args.threads)
         overrides = sweep_overrides(args)
@@ -465,6 +560,21 @@ def main() -> None:
                 if gain.get("lo") is not None else "")
         print(f"{name:>12}: final {m['final_accuracy_mean']:.3f}  eff {m['effective_ratio_mean']:.3f}  "
               f"tokens_to_grpo_final {m['tokens_to_grpo_final']}{over}")
+    for cpu, block in result.get("cpu_blocks", {}).items():
+        print(f"seeds {block['seeds']} on {cpu} (descriptive): " + ", ".join(
+            f"{arm} {_points(cell['sampled_all'])}" for arm, cell in block["paired_vs_grpo"].items()))
+    if "other_cpu" in result:
+        other = result["other_cpu"]
+        print(f"same arm and seed on two CPU types, {other['difference']} ({len(other['pairs'])} pairs): sampled "
+              f"{_points(other['sampled_all'])}, greedy {_points(other['greedy_all'])}, base sampled "
+              f"{_points(other['base_sampled_all'])}")
+
+
+def _points(stats: dict[str, Any]) -> str:
+    """A paired_stats mean and 95% t-interval in points, or '-' where it has none."""
+    if stats.get("lo") is None:
+        return "-" if stats.get("mean") is None else f"{100 * stats['mean']:+.2f}"
+    return f"{100 * stats['mean']:+.2f} [{100 * stats['lo']:+.2f}, {100 * stats['hi']:+.2f}]"
 
 
 if __name__ == "__main__":
