@@ -237,11 +237,11 @@ def check_one_base_model(paths: list[Path], shards: list[dict[str, Any]]) -> Non
                              "merge shards of one base model")
 
 
-def check_one_cpu_per_seed(paths: list[Path], shards: list[dict[str, Any]]) -> None:
+def check_one_cpu_per_seed(paths: list[Path], shards: list[dict[str, Any]]) -> dict[Any, Any]:
     """Refuse (``SystemExit`` naming both files) merging shards in which one seed's runs come from
     different CPU types (the ``provenance`` machine's ``cpu``; a shard without one differs from a shard
     with one): training on one base and seed diverges across CPU types, so a paired difference between
-    them would carry the machine as well as the arm."""
+    them would carry the machine as well as the arm. Returns each seed's CPU type."""
     first: dict[Any, tuple[Path, Any]] = {}
     for path, shard in zip(paths, shards, strict=True):
         cpu = recorded(shard, "machine", "cpu")
@@ -250,6 +250,7 @@ def check_one_cpu_per_seed(paths: list[Path], shards: list[dict[str, Any]]) -> N
             if other_cpu != cpu:
                 raise SystemExit(f"{path}: seed {seed} ran on {cpu}, in {other} on {other_cpu}; "
                                  "merge runs of one seed made on one CPU type")
+    return {seed: cpu for seed, (_, cpu) in first.items()}
 
 
 def _cpus() -> int:

@@ -340,7 +340,7 @@ def protocol_summary(rs: list[dict[str, Any]], grpo: list[dict[str, Any]] | None
     if grpo:
         paired = {f"sampled_{k}": paired_stats(paired_deltas(rs, grpo, lambda r, k=k: (r.get("sampled") or {}).get(k)))
                   for k in keys}
-        paired["greedy_all"] = paired_stats(paired_deltas(rs, grpo, lambda r: r["final"]["unseen"]))
+        paired["greedy_all"] = paired_stats(paired_deltas(rs, grpo, _greedy_unseen))
         for h in keys[1:]:
             paired[f"greedy_{h}"] = paired_stats(paired_deltas(
                 rs, grpo, lambda r, h=h: r.get("final_by_hops", {}).get("unseen", {}).get(h)))
@@ -355,6 +355,16 @@ def _sampled_all(run: dict[str, Any]) -> float | None:
 
 def _greedy_unseen(run: dict[str, Any]) -> float | None:
     return run["final"]["unseen"]
+
+
+def _base_sampled_all(run: dict[str, Any]) -> float | None:
+    return (run.get("sampled_base") or {}).get("all")
+
+
+def _difference(value: Any, a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    """``value(a) - value(b)``, or None where either run lacks the value."""
+    va, vb = value(a), value(b)
+    return None if va is None or vb is None else va - vb
 
 
 def cpu_blocks(runs: dict[str, list[dict[str, Any]]], seed_cpu: dict[int, Any]) -> dict[str, Any]:
@@ -398,15 +408,11 @@ def machine_pairs(runs: dict[str, list[dict[str, Any]]], seed_cpu: dict[int, Any
                 if counted_cpu == cpu:
                     raise SystemExit(f"{path}: {method} seed {run['seed']} ran on {cpu}, as the merged run did; "
                                      "--other-cpu takes runs from another CPU type")
-                (_, a), (_, b) = sorted([(cpu, run), (counted_cpu, counted)], key=lambda x: x[0])
-
-                def diff(value: Any, a: dict[str, Any] = a, b: dict[str, Any] = b) -> float | None:
-                    va, vb = value(a), value(b)
-                    return None if va is None or vb is None else va - vb
-
+                a, b = (run, counted) if cpu < counted_cpu else (counted, run)
                 pairs.append({"arm": method, "seed": run["seed"], "cpus": sorted([cpu, counted_cpu]), "shard": path.name,
-                              "sampled_all": diff(_sampled_all), "greedy_all": diff(_greedy_unseen),
-                              "base_sampled_all": diff(lambda r: (r.get("sampled_base") or {}).get("all")),
+                              "sampled_all": _difference(_sampled_all, a, b),
+                              "greedy_all": _difference(_greedy_unseen, a, b),
+                              "base_sampled_all": _difference(_base_sampled_all, a, b),
                               "same_reward_steps": same_steps(run["reward_mean"], counted["reward_mean"])})
     types = sorted({str(c) for c in seed_cpu.values()} | {c for p in pairs for c in p["cpus"]})
     if len(types) > 2:
@@ -459,7 +465,7 @@ def merge_shards(paths: list[Path], methods: list[str] | None = None) -> tuple[d
 
     check_one_setting(paths, shards)
     check_one_base_model(paths, shards)
-    check_one_cpu_per_seed(paths, shards)
+    seed_cpu = check_one_cpu_per_seed(paths, shards)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS + ABLATIONS + OPTIONS + MECHANISMS}
     for path, shard in zip(paths, shards, strict=True):
         for method, rs in shard["runs"].items():
@@ -475,7 +481,6 @@ def merge_shards(paths: list[Path], methods: list[str] | None = None) -> tuple[d
     check_aligned(runs, paths)
     seconds = sum(shard["seconds"] for shard in shards)
     setting = {**shards[0]["setting"], "seeds": max(len(rs) for rs in runs.values())}
-    seed_cpu = {r["seed"]: recorded(shard, "machine", "cpu") for shard in shards for rs in shard["runs"].values() for r in rs}
     return runs, {**shards[0], "setting": setting, "seconds": seconds, "shards": [p.name for p in paths],
                   "seed_cpu": seed_cpu}
 
@@ -490,14 +495,15 @@ def check_one_setting(paths: list[Path], shards: list[dict[str, Any]]) -> None:
             raise SystemExit(f"{path}: its setting differs from {paths[0]}'s; shards must share one setting")
 
 
-def read_other_cpu(paths: list[Path], merged: list[Path]) -> list[tuple[Path, dict[str, Any]]]:
-    """The ``--other-cpu`` shards, each whole and of the merged shards' setting and base model."""
-    shards = [read_shard(p) for p in [merged[0], *paths]]
-    for path, shard in zip(paths, shards[1:], strict=True):
+def read_other_cpu(paths: list[Path], merged_path: Path, merged: dict[str, Any]) -> list[tuple[Path, dict[str, Any]]]:
+    """The ``--other-cpu`` shards, each whole and of the setting and base model of ``merged`` (the
+    merge's first shard, read from ``merged_path``)."""
+    shards = [read_shard(p) for p in paths]
+    for path, shard in zip(paths, shards, strict=True):
         check_shard(path, shard, METHODS + ABLATIONS + OPTIONS + MECHANISMS)
-    check_one_setting([merged[0], *paths], shards)
-    check_one_base_model([merged[0], *paths], shards)
-    return list(zip(paths, shards[1:], strict=True))
+    check_one_setting([merged_path, *paths], [merged, *shards])
+    check_one_base_model([merged_path, *paths], [merged, *shards])
+    return list(zip(paths, shards, strict=True))
 
 
 def main() -> None:
@@ -513,7 +519,7 @@ def main() -> None:
         if blocks:
             extra["cpu_blocks"] = blocks
         if args.other_cpu:
-            extra["other_cpu"] = machine_pairs(runs, shard["seed_cpu"], read_other_cpu(args.other_cpu, args.merge))
+            extra["other_cpu"] = machine_pairs(runs, shard["seed_cpu"], read_other_cpu(args.other_cpu, args.merge[0], shard))
     else:
         configure_torch(args.threads)
         overrides = sweep_overrides(args)
