@@ -30,12 +30,12 @@ EDGE = 10
 
 
 def per_episode(records: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Tool calls and turns per episode over ``records``: each step's totals summed, divided by the
-    episodes (``trajectories``) summed, so a step weighs by its episodes."""
+    """Tool calls executed and turns per episode over ``records``: each step's totals summed, divided
+    by the episodes (``trajectories``) summed, so a step weighs by its episodes."""
     episodes = sum(r["trajectories"] for r in records)
     if not episodes:
-        return {"tool_calls": None, "turns": None}
-    return {"tool_calls": sum(r["tool_calls"] for r in records) / episodes,
+        return {"tool_calls_executed": None, "turns": None}
+    return {"tool_calls_executed": sum(r["tool_calls"] for r in records) / episodes,
             "turns": sum(r["turns_mean"] * r["trajectories"] for r in records) / episodes}
 
 
@@ -84,7 +84,8 @@ def main() -> None:
     print(f"wrote {args.out}")
     for r in runs:
         e, f = r["per_episode"], r["credit_mixed_flips"]
-        print(f"{r['method']:>20} seed {r['seed']}: {e['tool_calls']:.2f} calls, {e['turns']:.2f} turns an episode"
+        print(f"{r['method']:>20} seed {r['seed']}: {e['tool_calls_executed']:.2f} calls executed, {e['turns']:.2f} turns "
+              "an episode"
               + ("" if f is None else f"; flips in {f['steps_with_a_flip']} of {f['steps_with_mixed_transitions']} "
                                        f"steps with mixed transitions, mean share "
                                        f"{'-' if f['mean_share'] is None else format(f['mean_share'], '.4f')}"))

@@ -22,8 +22,8 @@ RECORDS = [record(1, 4, 10, 3.0, 0.25, 0.5), record(2, 4, 6, 5.0, None), record(
 
 def test_per_episode_weighs_each_step_by_its_episodes() -> None:
     # calls (10 + 6 + 8) / 16; turns (4*3 + 4*5 + 8*2) / 16 = 48 / 16 (the unweighted mean would be 3.33)
-    assert step_metrics.per_episode(RECORDS) == {"tool_calls": 1.5, "turns": 3.0}
-    assert step_metrics.per_episode([]) == {"tool_calls": None, "turns": None}
+    assert step_metrics.per_episode(RECORDS) == {"tool_calls_executed": 1.5, "turns": 3.0}
+    assert step_metrics.per_episode([]) == {"tool_calls_executed": None, "turns": None}
 
 
 def test_flips_count_only_steps_with_mixed_transitions() -> None:
@@ -41,9 +41,9 @@ def test_first_and_last_windows() -> None:
     records = [record(s, 2, 2 if s <= 6 else 6, 2.0) for s in range(1, 13)]
     got = step_metrics.summarise(records)
     assert got["steps"] == 12
-    assert got["per_episode"]["tool_calls"] == 2.0
-    assert got["per_episode_first"]["tool_calls"] == pytest.approx((6 * 1 + 4 * 3) / 10)  # steps 1-10
-    assert got["per_episode_last"]["tool_calls"] == pytest.approx((4 * 1 + 6 * 3) / 10)  # steps 3-12
+    assert got["per_episode"]["tool_calls_executed"] == 2.0
+    assert got["per_episode_first"]["tool_calls_executed"] == pytest.approx((6 * 1 + 4 * 3) / 10)  # steps 1-10
+    assert got["per_episode_last"]["tool_calls_executed"] == pytest.approx((4 * 1 + 6 * 3) / 10)  # steps 3-12
 
 
 def run_dir(tmp_path: Path, steps: int) -> Path:
@@ -60,7 +60,7 @@ def test_script_writes_each_finished_run(tmp_path: Path, monkeypatch: pytest.Mon
     step_metrics.main()
     (got,) = json.loads(out.read_text())["runs"]
     assert (got["method"], got["seed"], got["steps"]) == ("trace_credit", 3, 3)
-    assert got["per_episode"] == {"tool_calls": 1.5, "turns": 3.0}
+    assert got["per_episode"] == {"tool_calls_executed": 1.5, "turns": 3.0}
     assert got["effective_ratio_mean"] == 0.25
 
 
