@@ -2,12 +2,12 @@
 
 A ``sample_efficiency.py`` results file keeps each run's endpoints and curves, not its step
 records. This reads the step records (``metrics.jsonl``) of finished runs and summarises, per run:
-tool calls and turns per episode over all steps and over the first and last ten, and, for credit
-arms, the share of mixed-group transitions whose turn term flips the outcome term's sign
+tool calls executed and turns per episode over all steps and over the first and last ten (a tree
+runs a shared prefix's calls once, so a tree arm executes fewer calls than its episodes hold), and,
+for credit arms, the share of mixed-group transitions whose turn term flips the outcome term's sign
 (``credit_mixed_flip_share``). Descriptive only.
 
-    python benchmarks/science/step_metrics.py --runs /tmp/lh/w_*/*-seed11 \\
-        --out benchmarks/results/long_horizon_r2_step_metrics_s11.json
+    python benchmarks/science/step_metrics.py --runs RUN_DIR [RUN_DIR ...] --out benchmarks/results/NAME.json
 """
 
 from __future__ import annotations
@@ -36,7 +36,15 @@ def per_episode(records: list[dict[str, Any]]) -> dict[str, float | None]:
     if not episodes:
         return {"tool_calls_executed": None, "turns": None}
     return {"tool_calls_executed": sum(r["tool_calls"] for r in records) / episodes,
-            "turns": sum(r["turns_mean"] * r["trajectories"] for r in records) / episodes}
+            "turns": _turns(records)}
+
+
+def _turns(records: list[dict[str, Any]]) -> float | None:
+    """Turns per episode: ``turns_mean`` is over a step's episodes that did not fail in the
+    infrastructure (``trajectories - infra_failed``), so it weighs by those."""
+    valid = [(r["trajectories"] - r.get("infra_failed", 0), r["turns_mean"]) for r in records]
+    n = sum(v for v, _ in valid)
+    return sum(v * t for v, t in valid) / n if n else None
 
 
 def flips(records: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -24,6 +24,11 @@ def test_per_episode_weighs_each_step_by_its_episodes() -> None:
     # calls (10 + 6 + 8) / 16; turns (4*3 + 4*5 + 8*2) / 16 = 48 / 16 (the unweighted mean would be 3.33)
     assert step_metrics.per_episode(RECORDS) == {"tool_calls_executed": 1.5, "turns": 3.0}
     assert step_metrics.per_episode([]) == {"tool_calls_executed": None, "turns": None}
+    # 4 of step 3's 8 episodes failed in the infrastructure: its turns_mean covers 4, so turns are
+    # (4*3 + 4*5 + 4*2) / 12 = 40 / 12 (weighing by all 16 would give 3.0); calls still divide by 16
+    failed = [*RECORDS[:2], {**RECORDS[2], "infra_failed": 4}]
+    got = step_metrics.per_episode(failed)
+    assert got["tool_calls_executed"] == 1.5 and got["turns"] == pytest.approx(40 / 12)
 
 
 def test_flips_count_only_steps_with_mixed_transitions() -> None:
