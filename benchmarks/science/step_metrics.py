@@ -18,12 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared modules (common.py, ...)
 from common import mean, write_json
 
 from tracerl.runs.metrics import read_metrics
+from tracerl.runs.run_config import read_run_config
 
 EDGE = 10
 """Steps in each of the first and last windows."""
@@ -70,12 +69,12 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
 def read_run(run_dir: Path) -> dict[str, Any]:
     """A finished run's preset, seed and summary; a run with fewer step records than its config's
     ``steps`` is an error naming the folder."""
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config = read_run_config(run_dir / "config.yaml")
     records = read_metrics(run_dir)
-    if len(records) != config["steps"]:
-        raise SystemExit(f"{run_dir}: {len(records)} step records, its config asks for {config['steps']}: "
+    if len(records) != config.steps:
+        raise SystemExit(f"{run_dir}: {len(records)} step records, its config asks for {config.steps}: "
                          "not a finished run")
-    return {"method": config["preset"], "seed": config["seed"], "run_dir": run_dir.name, **summarise(records)}
+    return {"method": config.preset, "seed": config.seed, "run_dir": run_dir.name, **summarise(records)}
 
 
 def _args() -> argparse.Namespace:
